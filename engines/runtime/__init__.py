@@ -1,0 +1,28 @@
+"""Engine runtime shared by all engines: dock client, per-call workers,
+audio framing and the engine cmd port (WIRE.md 3, 4, 6, 7)."""
+
+from engines.runtime.synth import (
+    SAMPLE_RATE,
+    SPEED_MAX,
+    SPEED_MIN,
+    CallState,
+    CancelToken,
+    FloatArray,
+    SynthesisCancelled,
+    SynthesisError,
+    Synthesizer,
+    VoiceNotFound,
+)
+
+__all__ = [
+    "SAMPLE_RATE",
+    "SPEED_MAX",
+    "SPEED_MIN",
+    "CallState",
+    "CancelToken",
+    "FloatArray",
+    "SynthesisCancelled",
+    "SynthesisError",
+    "Synthesizer",
+    "VoiceNotFound",
+]

@@ -1,0 +1,124 @@
+"""The interface between the engine runtime and a speech model.
+
+Rule 1: everything an engine must implement to be driven by the runtime is
+declared here; nothing here knows about sockets, asyncio or the dock.
+Rule 2: every method of a ``Synthesizer`` is blocking and is called from a
+worker thread (never from the event loop), so inference may take as long as
+it takes while keepalive PONGs still leave on time.
+
+Vocabulary (STYLE.md): a *call* is one call id's lifetime, an *utterance* is
+the audio for one text packet, a *phrase* is a piece of an utterance that is
+synthesised at once, a *chunk* is what ``synthesize`` yields (float32 mono at
+``sample_rate``; the runtime re-frames it into <= 4800-sample packets).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE = 24000  # WIRE.md 3: the only rate the dock accepts
+SPEED_MIN = 0.5  # WIRE.md 6: SET_SPEED clamps to [0.5, 2.0]
+SPEED_MAX = 2.0
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class SynthesisCancelled(Exception):
+    """Raised inside a synthesiser when its cancel token fires."""
+
+
+class SynthesisError(Exception):
+    """A synthesis failed for a reason worth one log line (bad text, model error)."""
+
+
+class VoiceNotFound(SynthesisError):
+    """The requested voice does not exist."""
+
+
+class CancelToken:
+    """A thread-safe, one-way flag: set by the event loop, polled by the model thread.
+
+    Synthesisers check it at every natural step (Kokoro: between phrases;
+    Qwen3: every frame) and stop with ``SynthesisCancelled``.
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise SynthesisCancelled()
+
+
+@dataclass
+class CallState:
+    """Per-call state the runtime keeps and hands to every synthesis of that call.
+
+    ``voice`` and ``speed`` are snapshotted from the engine settings when the
+    call starts an utterance. ``prosody`` belongs to the synthesiser: it may
+    store whatever it needs to carry intonation across the sentences of one
+    call (WIRE.md 7, prosody carry-over); the runtime drops it on CALL_END.
+    """
+
+    call_id: int
+    voice: str | None = None
+    speed: float = 1.0
+    prosody: dict[str, Any] = field(default_factory=dict)
+    utterances: int = 0
+
+
+@runtime_checkable
+class Synthesizer(Protocol):
+    """What every engine implements. All methods block; the runtime calls them off-loop."""
+
+    #: HELLO name, ``[A-Za-z0-9_-]{1,32}`` (WIRE.md 3).
+    name: str
+    #: Output rate in Hz; must be 24000 for the dock.
+    sample_rate: int
+
+    def load(self) -> None:
+        """Load model files; raise with a clear message when they are missing or corrupt."""
+
+    def warm_up(self) -> None:
+        """Run a short synthesis so that the first call is not slow."""
+
+    def voices(self) -> list[str]:
+        """Names accepted by ``CallState.voice`` / ``SET_VOICE``."""
+
+    @property
+    def default_voice(self) -> str:
+        """The voice used when a call names none."""
+
+    def synthesize(
+        self, text: str, state: CallState, cancel: CancelToken
+    ) -> Iterator[FloatArray]:
+        """Yield float32 mono chunks of the utterance for ``text`` as soon as each is ready.
+
+        Must check ``cancel`` at every natural step and stop (raise
+        ``SynthesisCancelled`` or return) once it is set. Raises
+        ``SynthesisError`` for input it cannot speak.
+        """
+
+    def stats(self) -> dict[str, float]:
+        """Engine-specific numbers for STATS/BENCHMARK (e.g. per-stage ms); may be empty."""
+
+    def status_suffix(self) -> str:
+        """Extra ``STATUS`` fields, e.g. ``":G2P:espeak"`` (WIRE.md 6); may be ``""``."""
+
+    def close(self) -> None:
+        """Release models (called on SHUTDOWN)."""

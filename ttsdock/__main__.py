@@ -1,0 +1,5 @@
+import sys
+
+from ttsdock.cli import main
+
+sys.exit(main())
