@@ -37,7 +37,9 @@ class VocoderFixtureSpec:
     with_lengths: bool = False  # extra int64 output ``lengths [B]`` (= count(codes[:,0]>=0)*1920)
     channels: int = 8
     seed: int = 0
-    far_weight: float = 0.02  # weight of the tap FAR_TAP frames back (how much far context matters)
+    far_weight: float = (
+        0.005  # weight of the tap FAR_TAP frames back (how much far context matters)
+    )
     gain: float = 0.9
     input_name: str = "audio_codes"
     output_name: str = "audio_values"
@@ -82,8 +84,9 @@ def build_vocoder_model(spec: VocoderFixtureSpec = VocoderFixtureSpec()) -> obje
         numpy_helper.from_array(np.array([0, 0, FAR_TAP, 0, 0, 0], dtype=np.int64), "pad2"),
         numpy_helper.from_array(np.array(-1.0, dtype=np.float32), "lo"),
         numpy_helper.from_array(np.array(1.0, dtype=np.float32), "hi"),
-        numpy_helper.from_array(np.array(SAMPLES_PER_FRAME, dtype=np.int64), "spf"),
     ]
+    if spec.with_lengths:
+        inits.append(numpy_helper.from_array(np.array(SAMPLES_PER_FRAME, dtype=np.int64), "spf"))
     nodes = []
     x = spec.input_name
     if spec.time_major:
@@ -131,7 +134,9 @@ def build_vocoder_model(spec: VocoderFixtureSpec = VocoderFixtureSpec()) -> obje
         ]
         outputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]))
     in_shape: list[int | str] = (
-        ["batch", "frames", NUM_CODEBOOKS] if spec.time_major else ["batch", NUM_CODEBOOKS, "frames"]
+        ["batch", "frames", NUM_CODEBOOKS]
+        if spec.time_major
+        else ["batch", NUM_CODEBOOKS, "frames"]
     )
     graph = helper.make_graph(
         nodes,
