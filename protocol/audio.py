@@ -54,4 +54,6 @@ def check_audio_payload(payload: bytes | bytearray | memoryview) -> AudioHeader:
 
 def audio_t_us(payload: bytes | bytearray | memoryview) -> int:
     """Fast path for hop latency: the big-endian timestamp at bytes 4..12."""
+    if len(payload) < AUDIO_HEADER_SIZE:
+        raise ProtocolError("short_audio", f"{len(payload)} < 12-byte header")
     return int(_T_US.unpack_from(payload, 4)[0])

@@ -8,6 +8,7 @@ which commands exist: the dock and the engine runtime own their tables.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MAX_DOCK_COMMAND = 512
@@ -41,7 +42,9 @@ def encode_reply(line: str) -> bytes:
 
 
 def cpp_double(x: float) -> str:
-    """Format like C++ ``std::to_string(double)``: fixed, six decimals."""
+    """Format like C++ ``std::to_string(double)``: fixed, six decimals (``printf("%f")``)."""
+    if math.isnan(x):  # printf keeps the sign bit of a NaN; Python's format drops it
+        return "-nan" if math.copysign(1.0, x) < 0 else "nan"
     return f"{x:.6f}"
 
 

@@ -89,10 +89,12 @@ class EngineFrameDecoder:
             if avail < 2:
                 return NEED_DATA
             kind = buf[pos + 1]
-            n = mgmt_payload_size(kind, memoryview(buf)[pos + 2 : pos + 4], MAX_CUSTOM_ENGINE)
+            # Slices copy (<= 4098 bytes): a memoryview of ``_buf`` kept alive by a raised
+            # error's traceback would make the next ``feed`` fail with BufferError.
+            n = mgmt_payload_size(kind, buf[pos + 2 : pos + 4], MAX_CUSTOM_ENGINE)
             if n < 0 or avail < 2 + n:
                 return NEED_DATA
-            msg = decode_mgmt_payload(kind, memoryview(buf)[pos + 2 : pos + 2 + n])
+            msg = decode_mgmt_payload(kind, buf[pos + 2 : pos + 2 + n])
             self._pos = pos + 2 + n
             return msg
         raise ProtocolError("unknown_tag", f"tag 0x{tag:02x}")

@@ -102,9 +102,12 @@ class LineReader:
 
 def parse_hello(line: bytes) -> Hello:
     """Validate a HELLO line (without its newline) exactly as the reference dock does."""
+    if len(line) >= MAX_HELLO_LINE:  # the newline must still fit in the 1 KiB
+        raise HelloRejected(REASON_TIMEOUT_OR_TOO_LONG, "line longer than the limit")
     try:
         obj = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: ~1000 nested brackets fit in 1 KiB and exhaust json's recursion.
         raise HelloRejected(REASON_MISSING_FIELD, "not a JSON object") from exc
     if not isinstance(obj, dict) or not all(
         k in obj for k in ("name", "sample_rate", "channels", "format")

@@ -50,7 +50,12 @@ def set_level(name: str) -> None:
     """Change the level at once for every logger (cmd ``SET_LOG_LEVEL``)."""
     level = parse_level(name)
     _state["level"] = level
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+    structlog.configure(wrapper_class=_filtering(level))
+
+
+def _filtering(level: int) -> Any:
+    # structlog has no TRACE method level: TRACE enables everything DEBUG does.
+    return structlog.make_filtering_bound_logger(max(level, logging.DEBUG))
 
 
 class _UdpSink:
@@ -110,7 +115,7 @@ def configure_logging(
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        wrapper_class=_filtering(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
@@ -118,8 +123,26 @@ def configure_logging(
 
 
 def parse_hostport(value: str, default_port: int) -> tuple[str, int]:
-    """``host``, ``host:port`` or ``:port`` -> (host, port); host defaults to 127.0.0.1."""
-    host, sep, port = value.rpartition(":")
-    if not sep:
-        return (value or "127.0.0.1", default_port)
-    return (host or "127.0.0.1", int(port))
+    """``host``, ``host:port``, ``:port``, ``[v6]:port`` or a bare IPv6 address -> (host, port);
+    host defaults to 127.0.0.1. Raises ``ValueError`` naming the bad value."""
+    value = value.strip()
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad address {value!r}: expected [IPv6]:port")
+        port_s = rest[1:]
+    elif value.count(":") > 1:
+        return (value, default_port)  # bare IPv6 address
+    else:
+        host, sep, port_s = value.partition(":")
+        if not sep:
+            return (host or "127.0.0.1", default_port)
+    if not port_s:
+        raise ValueError(f"missing port after ':' in address {value!r}")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"bad port {port_s!r} in address {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range in address {value!r}")
+    return (host or "127.0.0.1", port)

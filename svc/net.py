@@ -66,8 +66,15 @@ async def _serve_one(
                 if not chunk:
                     break
                 data += chunk
-        reply = await handler(bytes(data))
-        writer.write(reply.replace("\n", " ").encode("utf-8", errors="replace") + b"\n")
+        try:
+            reply = await handler(bytes(data))
+        except Exception as exc:  # a bad command must never take the service down
+            log.error("command_failed", error=repr(exc))
+            reply = "ERROR:internal"
+        # One reply line; a handler may return a pre-formatted multi-line reply by ending
+        # it with a newline (e.g. the dock's METRICS): the connection closes after it anyway.
+        line = reply if reply.endswith("\n") else reply.replace("\n", " ") + "\n"
+        writer.write(line.encode("utf-8", errors="replace"))
         await writer.drain()
     except TimeoutError:
         log.warning("command_timed_out", peer=peer_host(writer))
