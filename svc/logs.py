@@ -130,6 +130,8 @@ def parse_hostport(value: str, default_port: int) -> tuple[str, int]:
         host, sep, rest = value[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
             raise ValueError(f"bad address {value!r}: expected [IPv6]:port")
+        if not rest:
+            return (host, default_port)
         port_s = rest[1:]
     elif value.count(":") > 1:
         return (value, default_port)  # bare IPv6 address

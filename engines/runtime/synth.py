@@ -104,9 +104,7 @@ class Synthesizer(Protocol):
     def default_voice(self) -> str:
         """The voice used when a call names none."""
 
-    def synthesize(
-        self, text: str, state: CallState, cancel: CancelToken
-    ) -> Iterator[FloatArray]:
+    def synthesize(self, text: str, state: CallState, cancel: CancelToken) -> Iterator[FloatArray]:
         """Yield float32 mono chunks of the utterance for ``text`` as soon as each is ready.
 
         Must check ``cancel`` at every natural step and stop (raise
