@@ -1,0 +1,101 @@
+"""``ttsdock qwen3``: run the Qwen3-TTS engine and dock it into ttsdock.
+
+The model is loaded (and every file checked) before the engine docks: a model
+it cannot run makes the command fail with one clear line instead of docking.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engines.qwen3.paths import MODES
+from engines.qwen3.synthesizer import MAX_FRAMES_CAP, Qwen3Options, Qwen3Synthesizer
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Model/voice flags shared by ``ttsdock qwen3`` and ``ttsdock qwen3-synth``."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model-dir", type=Path, help="directory with the qwen3-tts-* files")
+    g.add_argument(
+        "--mode",
+        default="customvoice",
+        type=str.lower,
+        choices=[*MODES, "custom_voice", "voice_design"],
+        help="checkpoint kind (default: customvoice)",
+    )
+    g.add_argument("--size", choices=["1.7b", "0.6b"], help="model size (default: what exists)")
+    g.add_argument("--talker-gguf", type=Path, help="explicit talker GGUF (overrides search)")
+    g.add_argument("--code-predictor-gguf", type=Path, help="explicit code predictor GGUF")
+    g.add_argument("--tokenizer-gguf", type=Path, help="explicit tokenizer GGUF")
+    g.add_argument("--vocoder-onnx", type=Path, help="explicit vocoder ONNX")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    v = p.add_argument_group("voice")
+    v.add_argument("--speaker", help="CustomVoice preset speaker (e.g. vivian)")
+    v.add_argument("--language", default="auto", help="language name or auto (default)")
+    v.add_argument("--instruct", help="style instruction (CustomVoice/VoiceDesign)")
+    v.add_argument("--speaker-embedding", type=Path, help="Base: x-vector .npy file")
+    v.add_argument("--ref-codes", type=Path, help="Base voice clone (ICL): reference codes .npy")
+    v.add_argument("--ref-text", help="Base voice clone (ICL): transcript of the reference")
+    v.add_argument("--non-streaming", action="store_true", help="feed all text before audio")
+    v.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    v.add_argument("--seed", type=int, help="sampling seed")
+    v.add_argument(
+        "--max-frames",
+        type=int,
+        default=MAX_FRAMES_CAP,
+        help=f"frames per utterance, 12.5 per second (default/maximum {MAX_FRAMES_CAP})",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> Qwen3Options:
+    """Build ``Qwen3Options`` from parsed flags; ValueError names a bad combination."""
+    if args.model_dir is None and args.talker_gguf is None:
+        raise ValueError("give --model-dir (or explicit --talker-gguf ...)")
+    if not 1 <= args.max_frames <= MAX_FRAMES_CAP:
+        raise ValueError(f"--max-frames must be in 1..{MAX_FRAMES_CAP}, got {args.max_frames}")
+    return Qwen3Options(
+        model_dir=args.model_dir,
+        mode=args.mode,
+        size=args.size,
+        talker_gguf=args.talker_gguf,
+        code_predictor_gguf=args.code_predictor_gguf,
+        tokenizer_gguf=args.tokenizer_gguf,
+        vocoder_onnx=args.vocoder_onnx,
+        speaker=args.speaker,
+        language=args.language,
+        instruct=args.instruct,
+        speaker_embedding=args.speaker_embedding,
+        ref_codes=args.ref_codes,
+        ref_text=args.ref_text,
+        device=args.device,
+        dtype=args.dtype,
+        greedy=args.greedy,
+        seed=args.seed,
+        non_streaming=args.non_streaming,
+        max_frames=args.max_frames,
+        **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
+        **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
+        **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engines.runtime.cli import common_parser, run_engine
+
+    p = common_parser("qwen3", description="Qwen3-TTS engine (GGUF + ONNX vocoder) for ttsdock")
+    add_model_arguments(p)
+    s = p.add_argument_group("streaming")
+    s.add_argument("--chunk-frames", type=int, default=4, help="vocoder chunk (default 4)")
+    s.add_argument(
+        "--first-chunk-frames", type=int, default=None, help="first chunk (default: chunk)"
+    )
+    s.add_argument("--vocoder-threads", type=int, default=None, help="ONNX Runtime threads")
+    args = p.parse_args(argv)
+    try:
+        opts = options_from_args(args)
+        synth = Qwen3Synthesizer(opts)
+    except ValueError as exc:
+        p.error(str(exc))
+    return int(run_engine(synth, args))

@@ -1,0 +1,968 @@
+"""The QTS GGUF contract (seed 000): read talker / code-predictor / tokenizer GGUF files.
+
+Files are read with ``gguf.GGUFReader`` (memory-mapped). Tensors are routed by
+name prefix (``talker.*``, ``code_pred.*``), so one bundled file and split
+files load alike; metadata is looked up in the talker file first for talker
+keys and in the predictor file first for predictor keys. Any tensor may be
+F32, F16, BF16, Q8_0 or a K-quant: ``gguf.quants.dequantize`` turns it into
+float32, and the (huge) text embedding is gathered row by row instead.
+
+Every problem raises ``GgufError`` naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+from engines.qwen3.errors import GgufError
+
+F32Array = npt.NDArray[np.float32]
+
+ARCH = "qwen3-tts"
+NS = "qwen3-tts."
+TALKER_NS = "qwen3-tts.talker."
+PRED_NAMESPACES = ("qwen3-tts.code_pred.", "qwen3-tts.code_predictor.")
+
+LAYER_SUFFIXES = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "attn_q_norm",
+    "attn_k_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+
+#: Accepted names of the optional talker->predictor projection, in lookup order.
+PROJECTION_PREFIXES = (
+    "code_pred.small_to_mtp_projection",
+    "talker.code_predictor.small_to_mtp_projection",
+    "small_to_mtp_projection",
+    "code_pred.mtp_proj",
+    "code_pred.small_to_mtp",
+)
+
+#: Real 12 Hz codec control ids (brief §2.1); used when the metadata lacks them.
+DEFAULT_CODEC_IDS = {
+    "pad_id": 2148,
+    "bos_id": 2149,
+    "eos_id": 2150,
+    "think_id": 2154,
+    "nothink_id": 2155,
+    "think_bos_id": 2156,
+    "think_eos_id": 2157,
+}
+DEFAULT_TEXT_IDS = {
+    "im_start_id": 151644,
+    "im_end_id": 151645,
+    "tts_pad_id": 151671,
+    "tts_bos_id": 151672,
+    "tts_eos_id": 151673,
+    "assistant_id": 77091,
+    "newline_id": 198,
+}
+
+_SIZE_ALIASES = {"0.6b": "0.6b", "0b6": "0.6b", "1.7b": "1.7b", "1b7": "1.7b"}
+_TYPE_ALIASES = {
+    "base": "base",
+    "custom_voice": "custom_voice",
+    "customvoice": "custom_voice",
+    "voice_design": "voice_design",
+    "voicedesign": "voice_design",
+}
+_FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+
+
+# -- files and tensors ------------------------------------------------------------------------
+
+
+class TensorRef:
+    """One tensor of one GGUF file; dequantised on demand."""
+
+    __slots__ = ("_t", "name", "path")
+
+    def __init__(self, path: Path, tensor: Any) -> None:
+        self.path = path
+        self.name: str = tensor.name
+        self._t = tensor
+
+    @property
+    def ggml_shape(self) -> tuple[int, ...]:
+        """GGML ``ne`` order, innermost first (a torch Linear [out, in] is ``(in, out)``)."""
+        return tuple(int(x) for x in self._t.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy/torch order."""
+        return tuple(reversed(self.ggml_shape))
+
+    @property
+    def type_name(self) -> str:
+        return str(self._t.tensor_type.name)
+
+    def _dequantize(self, data: Any) -> F32Array:
+        qtype = self._t.tensor_type
+        try:
+            if qtype in _FLOAT_TYPES:
+                out = np.asarray(data, dtype=np.float32)
+            else:
+                out = gguf.quants.dequantize(np.asarray(data), qtype)
+        except NotImplementedError as exc:
+            raise GgufError(
+                self.path,
+                f"tensor {self.name!r} has type {self.type_name}, which cannot be dequantized "
+                f"(supported: F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K)",
+            ) from exc
+        except (ValueError, TypeError) as exc:
+            raise GgufError(self.path, f"tensor {self.name!r}: bad data ({exc})") from exc
+        out = np.ascontiguousarray(out, dtype=np.float32)
+        return out if out.flags.writeable else out.copy()
+
+    def numpy(self) -> F32Array:
+        """The whole tensor as float32 in numpy/torch order."""
+        out = self._dequantize(self._t.data)
+        return out.reshape(self.shape)
+
+    def rows(self, ids: Sequence[int] | npt.NDArray[np.int64]) -> F32Array:
+        """Rows ``ids`` of a 2-D tensor (e.g. an embedding) without dequantising the rest."""
+        idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+        n_rows = self.shape[0]
+        if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
+            raise GgufError(
+                self.path, f"row id out of range for tensor {self.name!r} with {n_rows} rows"
+            )
+        out = self._dequantize(self._t.data[idx])
+        return out.reshape(idx.size, self.shape[-1])
+
+
+class _Reader(gguf.GGUFReader):
+    """``GGUFReader`` with a fast path for string arrays (151k tokens and merges).
+
+    The stock reader creates two numpy views per string through a generic
+    helper (~5 s for a Qwen2 vocabulary); this builds the same parts with
+    plain slicing. Only little-endian files on little-endian hosts take the
+    fast path; everything else is the stock code.
+    """
+
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[npt.NDArray[Any]], list[int], list[gguf.GGUFValueType]]:
+        if (
+            raw_type != gguf.GGUFValueType.ARRAY
+            or self.byte_order != "I"
+            or sys.byteorder != "little"
+        ):
+            return super()._get_field_parts(orig_offs, raw_type)
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = np.asarray(self.data).view(np.ndarray)  # no memmap subclass per slice
+            self.__dict__["_plain"] = plain
+        itype = plain[orig_offs : orig_offs + 4].view(np.uint32)
+        alen = plain[orig_offs + 4 : orig_offs + 12].view(np.uint64)
+        sub = gguf.GGUFValueType(int(itype[0]))
+        n = int(alen[0])
+        offs = orig_offs + 12
+        parts: list[npt.NDArray[Any]] = [itype, alen]
+        idxs: list[int] = []
+        if sub == gguf.GGUFValueType.STRING:
+            buf = memoryview(plain)  # type: ignore[arg-type]
+            unpack = struct.unpack_from
+            for _ in range(n):
+                (slen,) = unpack("<Q", buf, offs)
+                parts.append(plain[offs : offs + 8].view(np.uint64))
+                parts.append(plain[offs + 8 : offs + 8 + slen])
+                idxs.append(len(parts) - 1)
+                offs += 8 + slen
+        elif (nptype := self.gguf_scalar_to_np.get(sub)) is not None:
+            size = np.dtype(nptype).itemsize
+            arr = plain[offs : offs + n * size].view(nptype)
+            parts.extend(arr[i : i + 1] for i in range(n))
+            idxs = list(range(2, 2 + n))
+            offs += n * size
+        else:
+            return super()._get_field_parts(orig_offs, raw_type)
+        if offs > plain.shape[0]:
+            raise ValueError("array metadata extends past the end of the file")
+        return offs - orig_offs, parts, idxs, [gguf.GGUFValueType.ARRAY, sub]
+
+
+class GgufFile:
+    """One opened GGUF file: its metadata fields and tensors."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        p = self.path
+        if not p.exists():
+            raise GgufError(p, "file not found")
+        if p.is_dir():
+            raise GgufError(p, "is a directory, expected a GGUF file")
+        size = p.stat().st_size
+        if size < 24:
+            raise GgufError(p, f"too small to be a GGUF file ({size} bytes; truncated?)")
+        with p.open("rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise GgufError(p, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        try:
+            self.reader = _Reader(p, "r")
+        except ValueError as exc:
+            msg = str(exc)
+            if "GGMLQuantizationType" in msg or "is not a valid" in msg:
+                raise GgufError(
+                    p, f"unknown tensor type (unsupported quantization?): {msg}"
+                ) from exc
+            raise GgufError(p, f"cannot parse GGUF (truncated or corrupt?): {msg}") from exc
+        except (OSError, KeyError, IndexError, EOFError) as exc:
+            raise GgufError(p, f"cannot parse GGUF (truncated or corrupt?): {exc}") from exc
+        self.fields: dict[str, Any] = dict(self.reader.fields)
+        self.tensors: dict[str, TensorRef] = {}
+        for t in self.reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise GgufError(
+                    p, f"tensor {t.name!r} extends past the end of the file (truncated?)"
+                )
+            self.tensors[t.name] = TensorRef(p, t)
+
+    def get(self, key: str) -> Any:
+        """A metadata value as a Python object (str/int/float/bool/list), or None."""
+        f = self.fields.get(key)
+        if f is None:
+            return None
+        try:
+            return f.contents()
+        except Exception as exc:  # malformed field
+            raise GgufError(self.path, f"metadata {key!r} cannot be read: {exc}") from exc
+
+    def get_str(self, key: str) -> str | None:
+        v = self.get(key)
+        return v if isinstance(v, str) else None
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        return [k for k in self.fields if k.startswith(prefix)]
+
+
+_OPEN_CACHE: dict[tuple[str, int, int], GgufFile] = {}
+
+
+def open_gguf(path: str | Path) -> GgufFile:
+    """Open (or reuse an already opened, unchanged) GGUF file."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        return GgufFile(p)  # raises the clear error
+    cached = _OPEN_CACHE.get(key)
+    if cached is None:
+        cached = GgufFile(p)
+        if len(_OPEN_CACHE) > 16:
+            _OPEN_CACHE.clear()
+        _OPEN_CACHE[key] = cached
+    return cached
+
+
+class GgufBundle:
+    """The talker and code-predictor files seen as one model (they may be the same file)."""
+
+    def __init__(self, talker: str | Path | GgufFile, predictor: str | Path | GgufFile) -> None:
+        self.talker = talker if isinstance(talker, GgufFile) else open_gguf(talker)
+        if isinstance(predictor, GgufFile):
+            self.predictor = predictor
+        elif Path(predictor) == self.talker.path:
+            self.predictor = self.talker
+        else:
+            self.predictor = open_gguf(predictor)
+        self.files: list[GgufFile] = [self.talker]
+        if self.predictor is not self.talker:
+            self.files.append(self.predictor)
+        self.tensors: dict[str, TensorRef] = {}
+        # Route by prefix: talker.* prefers the talker file, everything else the predictor file.
+        for name, ref in self.predictor.tensors.items():
+            self.tensors[name] = ref
+        for name, ref in self.talker.tensors.items():
+            if name.startswith("talker.") or name not in self.tensors:
+                self.tensors[name] = ref
+
+    @property
+    def describe(self) -> str:
+        return " + ".join(str(f.path) for f in self.files)
+
+    def get(self, key: str, *, prefer_predictor: bool = False) -> Any:
+        order = list(reversed(self.files)) if prefer_predictor else self.files
+        for f in order:
+            v = f.get(key)
+            if v is not None:
+                return v
+        return None
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        seen: list[str] = []
+        for f in self.files:
+            for k in f.keys_with_prefix(prefix):
+                if k not in seen:
+                    seen.append(k)
+        return seen
+
+    def tensor(self, name: str) -> TensorRef | None:
+        return self.tensors.get(name)
+
+    def require(self, name: str, *, role: str = "talker") -> TensorRef:
+        t = self.tensors.get(name)
+        if t is None:
+            where = self.talker.path if role == "talker" else self.predictor.path
+            raise GgufError(where, f"required tensor {name!r} is missing")
+        return t
+
+
+# -- metadata ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    hidden_size: int
+    n_layers: int
+    n_attention_heads: int
+    n_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    text_vocab_size: int
+    text_hidden_size: int
+    num_code_groups: int
+    context_length: int
+
+
+@dataclass(frozen=True)
+class CodePredictorConfig:
+    hidden_size: int
+    n_layers: int
+    n_attention_heads: int
+    n_key_value_heads: int
+    intermediate_size: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class CodecIds:
+    pad: int
+    bos: int
+    eos: int
+    think: int
+    nothink: int
+    think_bos: int
+    think_eos: int
+
+
+@dataclass(frozen=True)
+class TextIds:
+    im_start: int
+    im_end: int
+    tts_pad: int
+    tts_bos: int
+    tts_eos: int
+    assistant: int
+    newline: int
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    talker: TalkerConfig
+    predictor: CodePredictorConfig
+    codec: CodecIds
+    text: TextIds
+    languages: dict[str, int] = field(default_factory=dict)
+    speakers: dict[str, int] = field(default_factory=dict)
+    dialects: dict[str, str] = field(default_factory=dict)
+    model_type: str | None = None  # base / custom_voice / voice_design
+    model_size: str | None = None  # 0.6b / 1.7b
+
+    @property
+    def has_projection_widths(self) -> bool:
+        return self.talker.hidden_size != self.predictor.hidden_size
+
+
+def _as_int(path: Path, key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise GgufError(path, f"metadata {key!r} must be a number, got {v!r}")
+    if isinstance(v, float) and not v.is_integer():
+        raise GgufError(path, f"metadata {key!r} must be an integer, got {v!r}")
+    return int(v)
+
+
+def _as_float(path: Path, key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise GgufError(path, f"metadata {key!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def _layer_count(b: GgufBundle, prefix: str) -> int | None:
+    pat = re.compile(re.escape(prefix) + r"\.blk\.(\d+)\.")
+    idx = {int(m.group(1)) for n in b.tensors if (m := pat.match(n))}
+    return max(idx) + 1 if idx else None
+
+
+def _derive(
+    b: GgufBundle, path: Path, what: str, tensor: str, fn: Callable[[TensorRef], int]
+) -> int:
+    t = b.tensor(tensor)
+    if t is None:
+        raise GgufError(path, f"metadata for {what} is missing and tensor {tensor!r} is absent")
+    return fn(t)
+
+
+def read_metadata(bundle: GgufBundle) -> ModelMetadata:
+    """Parse the QTS metadata of a talker/predictor pair (no tensor data is touched)."""
+    b = bundle
+    tpath, ppath = b.talker.path, b.predictor.path
+
+    def tget(*keys: str) -> Any:
+        for k in keys:
+            v = b.get(k)
+            if v is not None:
+                return v
+        return None
+
+    def t_int(name: str, derive: Callable[[], int], *extra: str) -> int:
+        keys = (TALKER_NS + name, *extra, NS + name)
+        v = tget(*keys)
+        return derive() if v is None else _as_int(tpath, keys[0], v)
+
+    def t_float(name: str, default: float) -> float:
+        v = tget(TALKER_NS + name, NS + name)
+        return default if v is None else _as_float(tpath, TALKER_NS + name, v)
+
+    width = t_int(
+        "embedding_length",
+        lambda: _derive(
+            b, tpath, "talker width", "talker.output_norm.weight", lambda t: t.ggml_shape[0]
+        ),
+        TALKER_NS + "hidden_size",
+    )
+    n_layers = t_int(
+        "block_count",
+        lambda: (
+            _layer_count(b, "talker")
+            or _missing(tpath, "talker block_count (and no talker.blk.* tensors)")
+        ),
+    )
+    head_dim = t_int(
+        "attention.key_length",
+        lambda: (
+            b.tensor("talker.blk.0.attn_q_norm.weight").ggml_shape[0]  # type: ignore[union-attr]
+            if b.tensor("talker.blk.0.attn_q_norm.weight")
+            else 128
+        ),
+    )
+    n_heads = t_int(
+        "attention.head_count",
+        lambda: _derive(
+            b,
+            tpath,
+            "talker head count",
+            "talker.blk.0.attn_q.weight",
+            lambda t: t.ggml_shape[1] // head_dim,
+        ),
+    )
+    n_kv = t_int(
+        "attention.head_count_kv",
+        lambda: _derive(
+            b,
+            tpath,
+            "talker kv head count",
+            "talker.blk.0.attn_k.weight",
+            lambda t: t.ggml_shape[1] // head_dim,
+        ),
+    )
+    ffn = t_int(
+        "feed_forward_length",
+        lambda: _derive(
+            b, tpath, "talker FFN width", "talker.blk.0.ffn_gate.weight", lambda t: t.ggml_shape[1]
+        ),
+    )
+    vocab = t_int(
+        "vocab_size",
+        lambda: _derive(
+            b, tpath, "codec vocab", "talker.codec_embd.weight", lambda t: t.ggml_shape[1]
+        ),
+    )
+    text_vocab = t_int(
+        "text_vocab_size",
+        lambda: _derive(
+            b, tpath, "text vocab", "talker.text_embd.weight", lambda t: t.ggml_shape[1]
+        ),
+    )
+    text_hidden = t_int(
+        "text_hidden_size",
+        lambda: _derive(
+            b, tpath, "text width", "talker.text_embd.weight", lambda t: t.ggml_shape[0]
+        ),
+    )
+    n_lm_heads = sum(1 for n in b.tensors if re.match(r"code_pred\.lm_head\.\d+\.weight$", n))
+    ncg_v = tget(NS + "num_code_groups", TALKER_NS + "num_code_groups")
+    num_code_groups = (
+        _as_int(tpath, NS + "num_code_groups", ncg_v)
+        if ncg_v is not None
+        else (n_lm_heads + 1 if n_lm_heads else 16)
+    )
+    talker = TalkerConfig(
+        hidden_size=width,
+        n_layers=n_layers,
+        n_attention_heads=n_heads,
+        n_key_value_heads=n_kv,
+        head_dim=head_dim,
+        intermediate_size=ffn,
+        rms_norm_eps=t_float("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=t_float("rope.freq_base", 1_000_000.0),
+        vocab_size=vocab,
+        text_vocab_size=text_vocab,
+        text_hidden_size=text_hidden,
+        num_code_groups=num_code_groups,
+        context_length=t_int("context_length", lambda: 32768),
+    )
+
+    def p_get(*names: str) -> Any:
+        for ns in PRED_NAMESPACES:
+            for n in names:
+                v = b.get(ns + n, prefer_predictor=True)
+                if v is not None:
+                    return v
+        return None
+
+    def p_int(names: tuple[str, ...], derive: Callable[[], int]) -> int:
+        v = p_get(*names)
+        return derive() if v is None else _as_int(ppath, PRED_NAMESPACES[0] + names[0], v)
+
+    def p_float(name: str, inherit: float) -> float:
+        v = p_get(name)
+        return inherit if v is None else _as_float(ppath, PRED_NAMESPACES[0] + name, v)
+
+    p_width = p_int(
+        ("embedding_length", "hidden_size"),
+        lambda: _derive(
+            b, ppath, "predictor width", "code_pred.output_norm.weight", lambda t: t.ggml_shape[0]
+        ),
+    )
+    p_head_dim = p_int(
+        ("attention.key_length",),
+        lambda: (
+            b.tensor("code_pred.blk.0.attn_q_norm.weight").ggml_shape[0]  # type: ignore[union-attr]
+            if b.tensor("code_pred.blk.0.attn_q_norm.weight")
+            else head_dim
+        ),
+    )
+    predictor = CodePredictorConfig(
+        hidden_size=p_width,
+        n_layers=p_int(
+            ("layer_count", "block_count"),
+            lambda: (
+                _layer_count(b, "code_pred")
+                or _missing(ppath, "predictor layer_count (and no code_pred.blk.* tensors)")
+            ),
+        ),
+        n_attention_heads=p_int(
+            ("attention.head_count",),
+            lambda: _derive(
+                b,
+                ppath,
+                "predictor head count",
+                "code_pred.blk.0.attn_q.weight",
+                lambda t: t.ggml_shape[1] // p_head_dim,
+            ),
+        ),
+        n_key_value_heads=p_int(
+            ("attention.head_count_kv",),
+            lambda: _derive(
+                b,
+                ppath,
+                "predictor kv head count",
+                "code_pred.blk.0.attn_k.weight",
+                lambda t: t.ggml_shape[1] // p_head_dim,
+            ),
+        ),
+        intermediate_size=p_int(
+            ("feed_forward_length",),
+            lambda: _derive(
+                b,
+                ppath,
+                "predictor FFN width",
+                "code_pred.blk.0.ffn_gate.weight",
+                lambda t: t.ggml_shape[1],
+            ),
+        ),
+        head_dim=p_head_dim,
+        rms_norm_eps=p_float("attention.layer_norm_rms_epsilon", talker.rms_norm_eps),
+        rope_theta=p_float("rope.freq_base", talker.rope_theta),
+        vocab_size=p_int(
+            ("vocab_size",),
+            lambda: (
+                b.tensor("code_pred.lm_head.0.weight").ggml_shape[1]  # type: ignore[union-attr]
+                if b.tensor("code_pred.lm_head.0.weight")
+                else 2048
+            ),
+        ),
+    )
+
+    codec_vals = {}
+    for k, default in DEFAULT_CODEC_IDS.items():
+        v = tget(NS + "codec." + k, TALKER_NS + "codec_" + k)
+        codec_vals[k] = default if v is None else _as_int(tpath, NS + "codec." + k, v)
+    codec = CodecIds(
+        pad=codec_vals["pad_id"],
+        bos=codec_vals["bos_id"],
+        eos=codec_vals["eos_id"],
+        think=codec_vals["think_id"],
+        nothink=codec_vals["nothink_id"],
+        think_bos=codec_vals["think_bos_id"],
+        think_eos=codec_vals["think_eos_id"],
+    )
+    text_vals = {}
+    for k, default in DEFAULT_TEXT_IDS.items():
+        v = tget(NS + "text." + k)
+        text_vals[k] = default if v is None else _as_int(tpath, NS + "text." + k, v)
+    text = TextIds(
+        im_start=text_vals["im_start_id"],
+        im_end=text_vals["im_end_id"],
+        tts_pad=text_vals["tts_pad_id"],
+        tts_bos=text_vals["tts_bos_id"],
+        tts_eos=text_vals["tts_eos_id"],
+        assistant=text_vals["assistant_id"],
+        newline=text_vals["newline_id"],
+    )
+
+    languages = _named_ints(b, TALKER_NS + "codec_language_id.", tpath)
+    if not languages:
+        languages = _paired_arrays(b, NS + "codec.language_names", NS + "codec.language_ids", tpath)
+    speakers = _named_ints(b, TALKER_NS + "spk_id.", tpath)
+    dialects: dict[str, str] = {}
+    for key in b.keys_with_prefix(TALKER_NS + "spk_is_dialect."):
+        name = key[len(TALKER_NS + "spk_is_dialect.") :].lower()
+        v = b.get(key)
+        if isinstance(v, str) and v and v.lower() != "false":
+            dialects[name] = v.lower()
+        elif v is False or v == "" or (isinstance(v, str) and v.lower() == "false"):
+            continue
+        else:
+            raise GgufError(tpath, f"metadata {key!r} must be a dialect name or false, got {v!r}")
+    if not speakers:
+        speakers = _paired_arrays(b, NS + "codec.speaker_names", NS + "codec.speaker_ids", tpath)
+        names = b.get(NS + "codec.speaker_names")
+        dia = b.get(NS + "codec.speaker_dialects")
+        if isinstance(names, list) and isinstance(dia, list) and len(dia) == len(names):
+            for n, d in zip(names, dia, strict=True):
+                if isinstance(d, str) and d:
+                    dialects[str(n).lower()] = d.lower()
+    for name, sid in speakers.items():
+        if not 0 <= sid < talker.vocab_size:
+            raise GgufError(
+                tpath,
+                f"preset speaker {name!r} has codec id {sid}, outside the codec vocabulary "
+                f"[0, {talker.vocab_size})",
+            )
+    for lang, lid in languages.items():
+        if not 0 <= lid < talker.vocab_size:
+            raise GgufError(tpath, f"language {lang!r} has codec id {lid} outside the vocabulary")
+    for name, dialect in dialects.items():
+        if dialect not in languages:
+            raise GgufError(
+                tpath,
+                f"speaker {name!r} has dialect {dialect!r} but no "
+                f"{TALKER_NS}codec_language_id.{dialect} entry",
+            )
+
+    mtype = tget(NS + "tts_model_type", NS + "model_type")
+    msize = tget(NS + "tts_model_size", NS + "model_size")
+    model_type = None
+    if isinstance(mtype, str) and mtype:
+        model_type = _TYPE_ALIASES.get(mtype.strip().lower().replace("-", "_"))
+        if model_type is None:
+            raise GgufError(
+                tpath, f"unknown {NS}tts_model_type {mtype!r} (base, custom_voice, voice_design)"
+            )
+    model_size = None
+    if isinstance(msize, str) and msize:
+        model_size = _SIZE_ALIASES.get(msize.strip().lower())
+        if model_size is None:
+            raise GgufError(tpath, f"unknown {NS}tts_model_size {msize!r} (0.6b or 1.7b)")
+    return ModelMetadata(
+        talker=talker,
+        predictor=predictor,
+        codec=codec,
+        text=text,
+        languages=languages,
+        speakers=speakers,
+        dialects=dialects,
+        model_type=model_type,
+        model_size=model_size,
+    )
+
+
+def _missing(path: Path, what: str) -> int:
+    raise GgufError(path, f"metadata for {what} is missing")
+
+
+def _named_ints(b: GgufBundle, prefix: str, path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key in b.keys_with_prefix(prefix):
+        v = b.get(key)
+        if isinstance(v, list) and len(v) == 1:  # tolerate a one-element array
+            v = v[0]
+        out[key[len(prefix) :].lower()] = _as_int(path, key, v)
+    return out
+
+
+def _paired_arrays(b: GgufBundle, names_key: str, ids_key: str, path: Path) -> dict[str, int]:
+    names, ids = b.get(names_key), b.get(ids_key)
+    if names is None or ids is None:
+        return {}
+    if not isinstance(names, list) or not isinstance(ids, list) or len(names) != len(ids):
+        raise GgufError(path, f"metadata {names_key!r} and {ids_key!r} must be equal-length arrays")
+    return {str(n).lower(): _as_int(path, ids_key, i) for n, i in zip(names, ids, strict=True)}
+
+
+# -- weights ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: F32Array
+    q: F32Array
+    k: F32Array
+    v: F32Array
+    o: F32Array
+    q_norm: F32Array
+    k_norm: F32Array
+    ffn_norm: F32Array
+    gate: F32Array
+    up: F32Array
+    down: F32Array
+
+
+@dataclass
+class TtsWeights:
+    """All weights in numpy/torch order, float32; the text embedding stays lazy."""
+
+    meta: ModelMetadata
+    text_embd: TensorRef
+    text_fc1_w: F32Array
+    text_fc1_b: F32Array
+    text_fc2_w: F32Array
+    text_fc2_b: F32Array
+    codec_embd: F32Array
+    codec_head: F32Array
+    talker_norm: F32Array
+    talker_layers: list[LayerWeights]
+    cp_embd: list[F32Array]
+    cp_heads: list[F32Array]
+    cp_norm: F32Array
+    cp_layers: list[LayerWeights]
+    proj_w: F32Array | None
+    proj_b: F32Array | None
+
+
+def _load(t: TensorRef, ggml_shape: Sequence[int], what: str) -> F32Array:
+    if tuple(t.ggml_shape) != tuple(ggml_shape):
+        raise GgufError(
+            t.path,
+            f"tensor {t.name!r} ({what}) has GGML shape {list(t.ggml_shape)}, "
+            f"expected {list(ggml_shape)}",
+        )
+    return t.numpy()
+
+
+def _load_layers(
+    b: GgufBundle,
+    prefix: str,
+    role: str,
+    n_layers: int,
+    width: int,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    ffn: int,
+) -> list[LayerWeights]:
+    layers = []
+    qd, kd = n_heads * head_dim, n_kv * head_dim
+    shapes = {
+        "attn_norm": [width],
+        "attn_q": [width, qd],
+        "attn_k": [width, kd],
+        "attn_v": [width, kd],
+        "attn_output": [qd, width],
+        "attn_q_norm": [head_dim],
+        "attn_k_norm": [head_dim],
+        "ffn_norm": [width],
+        "ffn_gate": [width, ffn],
+        "ffn_up": [width, ffn],
+        "ffn_down": [ffn, width],
+    }
+    for i in range(n_layers):
+        w = {
+            s: _load(
+                b.require(f"{prefix}.blk.{i}.{s}.weight", role=role), shapes[s], f"{role} layer {i}"
+            )
+            for s in LAYER_SUFFIXES
+        }
+        layers.append(
+            LayerWeights(
+                attn_norm=w["attn_norm"],
+                q=w["attn_q"],
+                k=w["attn_k"],
+                v=w["attn_v"],
+                o=w["attn_output"],
+                q_norm=w["attn_q_norm"],
+                k_norm=w["attn_k_norm"],
+                ffn_norm=w["ffn_norm"],
+                gate=w["ffn_gate"],
+                up=w["ffn_up"],
+                down=w["ffn_down"],
+            )
+        )
+    return layers
+
+
+def find_projection(b: GgufBundle) -> tuple[TensorRef | None, TensorRef | None]:
+    """The optional talker->predictor projection weight and bias (any accepted prefix)."""
+    w = bias = None
+    for prefix in PROJECTION_PREFIXES:
+        w = w or b.tensor(prefix + ".weight")
+        bias = bias or b.tensor(prefix + ".bias")
+    return w, bias
+
+
+def check_projection(
+    meta: ModelMetadata, w: TensorRef | None, bias: TensorRef | None, where: Path
+) -> None:
+    """Shape rules of seed 000: GGML [talker_width, predictor_width] and [predictor_width]."""
+    tw, pw = meta.talker.hidden_size, meta.predictor.hidden_size
+    if tw != pw and (w is None or bias is None):
+        missing = (
+            "weight and bias" if w is None and bias is None else ("weight" if w is None else "bias")
+        )
+        raise GgufError(
+            where,
+            f"talker width {tw} differs from predictor width {pw}, so the projection "
+            f"code_pred.small_to_mtp_projection.{{weight,bias}} is required; {missing} missing",
+        )
+    if (w is None) != (bias is None):
+        present = w if w is not None else bias
+        assert present is not None
+        raise GgufError(
+            present.path,
+            f"projection tensor {present.name!r} has no matching "
+            f"{'bias' if bias is None else 'weight'}",
+        )
+    if w is not None and bias is not None:
+        if w.ggml_shape != (tw, pw):
+            raise GgufError(
+                w.path,
+                f"projection weight {w.name!r} has GGML shape {list(w.ggml_shape)}, expected "
+                f"[{tw}, {pw}] (talker width, predictor width)",
+            )
+        if bias.ggml_shape != (pw,):
+            raise GgufError(
+                bias.path,
+                f"projection bias {bias.name!r} has GGML shape {list(bias.ggml_shape)}, "
+                f"expected [{pw}] (predictor width)",
+            )
+
+
+def load_weights(bundle: GgufBundle, meta: ModelMetadata | None = None) -> TtsWeights:
+    """Load and shape-check every tensor the model needs (dequantised to float32)."""
+    b = bundle
+    meta = meta or read_metadata(b)
+    tc, pc = meta.talker, meta.predictor
+    h = tc.hidden_size
+    text_embd = b.require("talker.text_embd.weight")
+    if text_embd.ggml_shape != (tc.text_hidden_size, tc.text_vocab_size):
+        raise GgufError(
+            text_embd.path,
+            f"tensor 'talker.text_embd.weight' has GGML shape {list(text_embd.ggml_shape)}, "
+            f"expected [{tc.text_hidden_size}, {tc.text_vocab_size}]",
+        )
+    th = tc.text_hidden_size
+    n_groups = tc.num_code_groups - 1
+    proj_w, proj_b = find_projection(b)
+    check_projection(meta, proj_w, proj_b, b.predictor.path)
+    return TtsWeights(
+        meta=meta,
+        text_embd=text_embd,
+        text_fc1_w=_load(b.require("talker.text_proj.fc1.weight"), [th, th], "text projection"),
+        text_fc1_b=_load(b.require("talker.text_proj.fc1.bias"), [th], "text projection"),
+        text_fc2_w=_load(b.require("talker.text_proj.fc2.weight"), [th, h], "text projection"),
+        text_fc2_b=_load(b.require("talker.text_proj.fc2.bias"), [h], "text projection"),
+        codec_embd=_load(
+            b.require("talker.codec_embd.weight"), [h, tc.vocab_size], "codec embedding"
+        ),
+        codec_head=_load(b.require("talker.codec_head.weight"), [h, tc.vocab_size], "codec head"),
+        talker_norm=_load(b.require("talker.output_norm.weight"), [h], "talker output norm"),
+        talker_layers=_load_layers(
+            b,
+            "talker",
+            "talker",
+            tc.n_layers,
+            h,
+            tc.n_attention_heads,
+            tc.n_key_value_heads,
+            tc.head_dim,
+            tc.intermediate_size,
+        ),
+        cp_embd=[
+            _load(
+                b.require(f"code_pred.codec_embd.{i}.weight", role="predictor"),
+                [h, pc.vocab_size],
+                "predictor codec embedding (talker width)",
+            )
+            for i in range(n_groups)
+        ],
+        cp_heads=[
+            _load(
+                b.require(f"code_pred.lm_head.{i}.weight", role="predictor"),
+                [pc.hidden_size, pc.vocab_size],
+                "predictor head",
+            )
+            for i in range(n_groups)
+        ],
+        cp_norm=_load(
+            b.require("code_pred.output_norm.weight", role="predictor"),
+            [pc.hidden_size],
+            "predictor norm",
+        ),
+        cp_layers=_load_layers(
+            b,
+            "code_pred",
+            "predictor",
+            pc.n_layers,
+            pc.hidden_size,
+            pc.n_attention_heads,
+            pc.n_key_value_heads,
+            pc.head_dim,
+            pc.intermediate_size,
+        ),
+        proj_w=proj_w.numpy() if proj_w is not None else None,
+        proj_b=proj_b.numpy() if proj_b is not None else None,
+    )
+
+
+def tokenizer_fields(path: str | Path) -> GgufFile:
+    """Open the tokenizer GGUF (which may be the talker or a bundled file)."""
+    return open_gguf(path)

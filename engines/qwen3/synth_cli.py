@@ -1,0 +1,114 @@
+"""``ttsdock qwen3-synth``: offline Qwen3-TTS synthesis without the dock.
+
+Generates the codec frames for one text (streaming text feeding by default,
+``--non-streaming`` to feed it all first), optionally writes them as an int64
+``[frames, 16]`` ``.npy`` (no EOS frame) and/or vocodes them to a 16-bit mono
+24 kHz WAV, then prints per-stage timings. The vocoder is loaded only for
+``--wav-out``. Errors print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from engines.qwen3.cli import add_model_arguments, options_from_args
+from engines.qwen3.synthesizer import Qwen3Synthesizer
+from engines.qwen3.vocoder import SAMPLES_PER_FRAME
+from engines.runtime.synth import SAMPLE_RATE, SynthesisError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ttsdock qwen3-synth",
+        description="Synthesise one text offline with Qwen3-TTS (codes and/or WAV).",
+    )
+    add_model_arguments(p)
+    p.add_argument("--text", required=True, help="text to speak")
+    p.add_argument("--codes-out", type=Path, help="write int64 codes [frames,16] (.npy)")
+    p.add_argument("--wav-out", type=Path, help="write 16-bit mono 24 kHz WAV")
+    p.add_argument("--vocoder-threads", type=int, default=None, help="ONNX Runtime threads")
+    return p
+
+
+def write_wav(path: Path, audio: np.ndarray, rate: int = SAMPLE_RATE) -> None:
+    """Write float audio in [-1, 1] as 16-bit mono PCM."""
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (argparse exits 2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        return _run(args)
+    except (SynthesisError, ValueError, OSError) as exc:
+        print(f"ttsdock qwen3-synth: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.text.strip():
+        raise ValueError("--text is empty")
+    if args.codes_out is None and args.wav_out is None:
+        print("note: neither --codes-out nor --wav-out given; timing only")
+    for out in (args.codes_out, args.wav_out):
+        if out is not None and out.is_dir():
+            raise ValueError(f"output {str(out)!r} is a directory")
+    opts = options_from_args(args)
+    synth = Qwen3Synthesizer(opts)
+    t0 = time.perf_counter()
+    synth.load(need_vocoder=args.wav_out is not None)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    req = synth.make_request(args.text, args.speaker)
+    t1 = time.perf_counter()
+    try:
+        codes, timings = synth.engine.generate_codes(req)
+    except (TypeError, ValueError) as exc:
+        raise SynthesisError(f"qwen3: bad request: {exc}") from exc
+    gen_ms = (time.perf_counter() - t1) * 1e3
+    codes = np.asarray(codes, dtype=np.int64).reshape(-1, 16)
+    frames = codes.shape[0]
+    audio_s = frames / 12.5
+    print(f"frames: {frames} ({audio_s:.2f} s of audio)")
+    print(f"load: {load_ms:.0f} ms")
+    for k in ("prefill", "talker", "code_predictor"):
+        if k in timings:
+            print(f"{k}: {timings[k]:.1f} ms")
+    fps = frames / (gen_ms / 1e3) if gen_ms > 0 else 0.0
+    print(f"generate: {gen_ms:.1f} ms ({fps:.2f} frames/s)")
+    if args.codes_out is not None:
+        args.codes_out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.codes_out, codes)
+        print(f"codes: {args.codes_out}")
+    if args.wav_out is not None:
+        assert synth.vocoder is not None
+        t2 = time.perf_counter()
+        ref = synth.ref_codes
+        if ref is not None:  # ICL: decode with the reference frames as context, drop them
+            full = synth.vocoder.decode(np.concatenate([ref, codes]))
+            audio = full[ref.shape[0] * SAMPLES_PER_FRAME :]
+        else:
+            audio = synth.vocoder.decode(codes)
+        voc_ms = (time.perf_counter() - t2) * 1e3
+        write_wav(args.wav_out, audio)
+        print(f"vocoder: {voc_ms:.1f} ms")
+        total_s = (gen_ms + voc_ms) / 1e3
+        if audio_s > 0:
+            print(f"rtf: {total_s / audio_s:.3f} (wall/audio)")
+        print(f"wav: {args.wav_out} ({audio.shape[0]} samples @ {SAMPLE_RATE} Hz)")
+    synth.close()
+    return 0
