@@ -1,0 +1,200 @@
+"""Pipeline channels (WIRE.md 2): LLaMA connects in (mgmt, data), the dock connects out to
+OAP (mgmt, data). Thin shells: read bytes, feed ``protocol.framing.FrameDecoder``, open the
+optional AES-GCM body, hand bodies to the dock; write what the dock says.
+
+Rule: a malformed frame (bad length, bad body, failed authentication) closes only the
+connection that sent it, with a WARN naming the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+import structlog
+
+from protocol.errors import ProtocolError
+from protocol.framing import LENGTH, FrameCipher, FrameDecoder, NeedData
+from protocol.mgmt import (
+    PONG,
+    CallEnd,
+    Custom,
+    MgmtMessage,
+    Ping,
+    Pong,
+    SpeechActive,
+    SpeechIdle,
+    decode_mgmt,
+    encode_mgmt,
+)
+from protocol.packet import decode_packet
+from svc.net import tune_socket
+
+if TYPE_CHECKING:
+    from ttsdock.server import Dock
+
+log = structlog.get_logger(__name__)
+
+CUSTOM_REPLY = Custom(b"OK")  # every CUSTOM request from LLaMA is answered (WIRE.md 2)
+
+
+class FramedChannel(asyncio.Protocol):
+    """One pipeline connection. ``role`` names it in logs: llama_mgmt, llama_data, oap_mgmt,
+    oap_data."""
+
+    role = "channel"
+
+    def __init__(self, dock: Dock, cipher: FrameCipher | None) -> None:
+        self.dock = dock
+        self.cipher = cipher
+        self.decoder = FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.peer = ""
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)
+        tune_socket(transport.get_extra_info("socket"))
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and peer else ""
+        self.dock.channel_opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self.decoder
+        decoder.feed(data)
+        try:
+            while True:
+                body = decoder.next_body()
+                if isinstance(body, NeedData):
+                    return
+                if self.cipher is not None:
+                    body = self.cipher.open(body)
+                self.on_body(body)
+                if self.transport is None or self.transport.is_closing():
+                    return
+        except ProtocolError as exc:
+            self.fail(exc)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.dock.channel_closed(self)
+
+    # -- helpers ----------------------------------------------------------------------
+    def fail(self, exc: ProtocolError) -> None:
+        self.dock.stats.drops["malformed_" + self.role] += 1
+        log.warning(
+            "frame_rejected",
+            channel=self.role,
+            peer=self.peer,
+            reason=exc.reason,
+            detail=exc.detail,
+        )
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def send_body(self, body: bytes) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self.cipher is not None:
+            body = self.cipher.seal(body)
+        t.write(LENGTH.pack(len(body)) + body)
+
+    def send_mgmt(self, msg: MgmtMessage) -> None:
+        self.send_body(encode_mgmt(msg))
+
+    def on_body(self, body: bytes) -> None:
+        raise NotImplementedError
+
+
+class LlamaMgmt(FramedChannel):
+    role = "llama_mgmt"
+
+    def on_body(self, body: bytes) -> None:
+        msg = decode_mgmt(body)
+        self.dock.stats.mgmt_frames_in += 1
+        if isinstance(msg, Ping):
+            self.send_mgmt(PONG)
+        elif isinstance(msg, Pong):
+            pass
+        elif isinstance(msg, Custom):
+            log.info("custom_received", channel=self.role, text=msg.text[:200])
+            self.send_mgmt(CUSTOM_REPLY)
+        else:
+            self.dock.on_call_message(msg)
+
+
+class LlamaData(FramedChannel):
+    role = "llama_data"
+
+    def on_body(self, body: bytes) -> None:
+        self.dock.on_text(decode_packet(body))
+
+
+class OapMgmt(FramedChannel):
+    """The dock's mgmt connection to OAP: FLUSH_TTS requests await a CUSTOM reply."""
+
+    role = "oap_mgmt"
+
+    def __init__(self, dock: Dock, cipher: FrameCipher | None) -> None:
+        super().__init__(dock, cipher)
+        self.outstanding = 0  # CUSTOM requests sent and not answered yet
+        self.waiters: deque[asyncio.Future[bytes]] = deque()
+
+    def request(self, msg: Custom) -> asyncio.Future[bytes]:
+        """Send a CUSTOM request; the future gets the reply's bytes (it may be cancelled by a
+        timeout: a late reply is then still consumed as a reply, never answered)."""
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.send_mgmt(msg)
+        self.outstanding += 1
+        self.waiters.append(fut)
+        return fut
+
+    def on_body(self, body: bytes) -> None:
+        msg = decode_mgmt(body)
+        if isinstance(msg, Ping):
+            self.send_mgmt(PONG)
+        elif isinstance(msg, Custom):
+            if self.outstanding:
+                self.outstanding -= 1
+                while self.waiters:
+                    fut = self.waiters.popleft()
+                    if not fut.done():
+                        fut.set_result(msg.data)
+                        break
+            else:  # a request from OAP: every CUSTOM request gets a reply
+                self.send_mgmt(Custom(b""))
+        elif isinstance(msg, CallEnd | SpeechActive | SpeechIdle | Pong):
+            pass  # nothing flows upstream from OAP through the dock
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for fut in self.waiters:
+            if not fut.done():
+                fut.cancel()
+        self.waiters.clear()
+        super().connection_lost(exc)
+
+
+class OapData(FramedChannel):
+    role = "oap_data"
+
+    def on_body(self, body: bytes) -> None:
+        self.dock.stats.drops["oap_data_unexpected"] += 1  # OAP sends nothing on data

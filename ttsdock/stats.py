@@ -1,0 +1,109 @@
+"""Counters and hop latency of the dock, rendered for the cmd port.
+
+Rule 1: everything the STATS and METRICS commands report lives here, as plain
+integer attributes (the hot path only increments them) plus a bounded ring of
+hop-latency samples.
+Rule 2: this file reads no clock and knows no sockets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+RESERVOIR = 8192  # most recent hop samples kept for percentiles (bounded)
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(sorted_values: list[int], pct: float) -> int:
+    """Nearest-rank percentile of an ascending list (0 for an empty list)."""
+    if not sorted_values:
+        return 0
+    k = max(0, min(len(sorted_values) - 1, math.ceil(pct / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+@dataclass(slots=True)
+class Stats:
+    text_frames_in: int = 0  # LLaMA -> dock data packets
+    text_bytes_in: int = 0
+    text_frames_to_engine: int = 0
+    text_bytes_to_engine: int = 0
+    mgmt_frames_in: int = 0  # LLaMA -> dock mgmt frames
+    mgmt_frames_to_oap: int = 0
+    mgmt_frames_to_engine: int = 0
+    audio_frames_in: int = 0  # engine -> dock audio packets
+    audio_bytes_in: int = 0
+    audio_frames_out: int = 0  # dock -> OAP audio packets
+    audio_bytes_out: int = 0
+    text_held: int = 0
+    text_delivered_from_hold: int = 0
+    swaps: int = 0
+    engines_docked: int = 0
+    engines_rejected: int = 0
+    keepalive_timeouts: int = 0
+    flushes_sent: int = 0
+    flushes_answered: int = 0
+    flushes_unanswered: int = 0
+    oap_reconnects: int = 0
+    llama_connects: int = 0
+    calls_ended: int = 0
+    drops: Counter[str] = field(default_factory=Counter)
+    hop_us: deque[int] = field(default_factory=lambda: deque(maxlen=RESERVOIR))
+    hop_count: int = 0
+    hop_max_us: int = 0
+
+    def add_hop(self, us: int) -> None:
+        self.hop_us.append(us)
+        self.hop_count += 1
+        if us > self.hop_max_us:
+            self.hop_max_us = us
+
+    def hop_summary(self) -> dict[str, int]:
+        values = sorted(self.hop_us)
+        out = {f"hop_p{p}_us": percentile(values, p) for p in PERCENTILES}
+        out["hop_max_us"] = self.hop_max_us
+        out["hop_samples"] = self.hop_count
+        return out
+
+    def as_dict(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, int):
+                out[name] = value
+        out["drops_total"] = sum(self.drops.values())
+        for reason, n in sorted(self.drops.items()):
+            out[f"drop_{reason}"] = n
+        out.update(self.hop_summary())
+        return out
+
+    def line(self, extra: dict[str, int | str] | None = None) -> str:
+        """STATS reply: one line of ``key=value`` pairs."""
+        items: dict[str, int | str] = dict(extra or {})
+        items.update(self.as_dict())
+        return " ".join(f"{k}={v}" for k, v in items.items())
+
+    def prometheus(self, gauges: dict[str, int]) -> str:
+        """METRICS reply: Prometheus text exposition format (multi-line, ends with a newline)."""
+        lines: list[str] = []
+        d = self.as_dict()
+        for name, value in d.items():
+            if name.startswith(("drop_", "hop_", "drops_total")):
+                continue
+            metric = f"ttsdock_{name}_total"
+            lines += [f"# TYPE {metric} counter", f"{metric} {value}"]
+        lines.append("# TYPE ttsdock_frames_dropped_total counter")
+        for reason, n in sorted(self.drops.items()):
+            lines.append(f'ttsdock_frames_dropped_total{{reason="{reason}"}} {n}')
+        lines.append("# TYPE ttsdock_hop_latency_seconds summary")
+        values = sorted(self.hop_us)
+        for p in PERCENTILES:
+            q = percentile(values, p) / 1e6
+            lines.append(f'ttsdock_hop_latency_seconds{{quantile="{p / 100:g}"}} {q:.6f}')
+        lines.append(f"ttsdock_hop_latency_seconds_sum {sum(values) / 1e6:.6f}")
+        lines.append(f"ttsdock_hop_latency_seconds_count {len(values)}")
+        for name, value in gauges.items():
+            lines += [f"# TYPE ttsdock_{name} gauge", f"ttsdock_{name} {value}"]
+        return "\n".join(lines) + "\n"
