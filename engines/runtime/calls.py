@@ -1,0 +1,538 @@
+"""Per-call workers: FIFO text queues, barge-in, CALL_END, and the synthesis threads.
+
+Rule 1: everything a call id owns lives here: its ``CallState``, its text
+queue, its lifecycle phase (a small transition table, below) and the one
+utterance it is speaking. All of it is touched only on the event loop; the
+synthesis itself runs in a thread per utterance that hands packets to the
+loop through a bounded ``ChunkChannel``.
+Rule 2: this file does not know the wire: audio leaves through an
+``AudioSink`` (the dock client), and events arrive as method calls.
+
+Barge-in guarantee: ``on_speech_active`` runs synchronously when the
+SPEECH_ACTIVE frame is decoded; it cancels the utterance's token, and the
+sender checks that token immediately before every socket write with no
+``await`` in between, so no audio packet of that call is written after the
+SPEECH_ACTIVE frame has been processed (packets already produced are dropped
+and counted as ``packets_suppressed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from engines.runtime.audio import UtteranceFramer
+from engines.runtime.stats import RuntimeStats
+from engines.runtime.synth import (
+    CallState,
+    CancelToken,
+    SynthesisCancelled,
+    SynthesisError,
+    Synthesizer,
+)
+
+log = structlog.get_logger(__name__)
+
+CHANNEL_PACKETS = 32  # packets (<= 200 ms each) a synthesis thread may run ahead of the socket
+MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
+ENDED_MEMORY = 1000  # WIRE.md 2: remember at least the last 1000 ended call ids
+SLOT_POLL = 0.1  # seconds: a blocked producer re-checks its cancel token this often
+SYNTH_NICE = 5  # synthesis threads run this much below the loop thread (Linux)
+
+
+def lower_thread_priority(nice: int | None = None) -> None:
+    """Run the calling synthesis thread ``nice`` steps below the event-loop thread.
+
+    On Linux ``setpriority(PRIO_PROCESS, tid)`` applies to one thread: when the
+    cores are saturated by inference, the loop thread still gets a core at once,
+    so PONGs and barge-ins are handled without waiting for a time slice. The
+    default comes from ``TTSDOCK_SYNTH_NICE`` (default 5; 0 turns it off).
+    Threads the model library starts itself (onnxruntime/torch pools) are not
+    affected. A no-op elsewhere (on macOS it would renice the whole process).
+    """
+    if nice is None:
+        try:
+            nice = int(os.environ.get("TTSDOCK_SYNTH_NICE", SYNTH_NICE))
+        except ValueError:
+            nice = SYNTH_NICE
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):
+        pass
+
+
+class CallPhase(enum.Enum):
+    IDLE = "idle"  # no text pending
+    SPEAKING = "speaking"  # an utterance is queued or being spoken
+    INTERRUPTED = "interrupted"  # the caller is speaking (barge-in); nothing queued
+    ENDED = "ended"  # terminal
+
+
+class CallInput(enum.Enum):
+    TEXT = "text"
+    DRAINED = "drained"  # the worker finished an utterance and its queue is empty
+    SPEECH_ACTIVE = "speech_active"
+    SPEECH_IDLE = "speech_idle"
+    CALL_END = "call_end"
+
+
+_P, _I = CallPhase, CallInput
+#: The call lifecycle (STYLE.md 1). A missing key is a bug: ``CallStateError``.
+#: Text that arrives while the caller is speaking is queued and spoken: the
+#: barge-in cancels what was queued or speaking when SPEECH_ACTIVE arrived.
+TRANSITIONS: dict[CallPhase, dict[CallInput, CallPhase]] = {
+    _P.IDLE: {
+        _I.TEXT: _P.SPEAKING,
+        _I.DRAINED: _P.IDLE,
+        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
+        _I.SPEECH_IDLE: _P.IDLE,
+        _I.CALL_END: _P.ENDED,
+    },
+    _P.SPEAKING: {
+        _I.TEXT: _P.SPEAKING,
+        _I.DRAINED: _P.IDLE,
+        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
+        _I.SPEECH_IDLE: _P.SPEAKING,
+        _I.CALL_END: _P.ENDED,
+    },
+    _P.INTERRUPTED: {
+        _I.TEXT: _P.SPEAKING,
+        _I.DRAINED: _P.INTERRUPTED,
+        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
+        _I.SPEECH_IDLE: _P.IDLE,
+        _I.CALL_END: _P.ENDED,
+    },
+    _P.ENDED: {},
+}
+
+
+class CallStateError(RuntimeError):
+    """An input the lifecycle table does not allow (a runtime bug, never a peer's)."""
+
+
+def transition(phase: CallPhase, event: CallInput) -> CallPhase:
+    try:
+        return TRANSITIONS[phase][event]
+    except KeyError:
+        raise CallStateError(f"{event.value} not allowed in phase {phase.value}") from None
+
+
+class AudioSink(Protocol):
+    """Where audio packets go (the dock client)."""
+
+    def send_audio(self, call_id: int, pcm: bytes) -> bool:
+        """Stamp and write one packet now; ``False`` when there is no dock link."""
+
+    @property
+    def write_paused(self) -> bool: ...
+
+    async def drain(self) -> None: ...
+
+
+@dataclass
+class EngineSettings:
+    """Engine-wide settings changed from the cmd port; snapshotted per utterance."""
+
+    voice: str | None = None
+    speed: float = 1.0
+
+
+class _End:
+    __slots__ = ("error", "samples", "truncated")
+
+    def __init__(self, samples: int, truncated: bool, error: BaseException | None) -> None:
+        self.samples = samples
+        self.truncated = truncated
+        self.error = error
+
+
+class ChunkChannel:
+    """Thread -> loop hand-off of packet PCM, bounded at ``size`` packets in flight.
+
+    The producer thread takes a slot per packet (blocking while the loop is
+    behind, re-checking its cancel token every ``SLOT_POLL``) and posts with
+    ``call_soon_threadsafe``; the consumer frees the slot when it takes the
+    packet. The end marker needs no slot, so the producer can always finish.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int = CHANNEL_PACKETS) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[bytes | _End] = asyncio.Queue()
+        self._slots = threading.Semaphore(size)
+
+    def put(self, pcm: bytes, token: CancelToken) -> bool:
+        while not self._slots.acquire(timeout=SLOT_POLL):
+            if token.cancelled:
+                return False
+        return self._post(pcm)
+
+    def finish(self, samples: int, truncated: bool, error: BaseException | None) -> None:
+        self._post(_End(samples, truncated, error))
+
+    def _post(self, item: bytes | _End) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # loop closed: the process is exiting
+            return False
+        return True
+
+    async def get(self) -> bytes | _End:
+        item = await self._queue.get()
+        if not isinstance(item, _End):
+            self._slots.release()
+        return item
+
+
+@dataclass
+class Utterance:
+    text: str
+    t_rx_ns: int
+    token: CancelToken = field(default_factory=CancelToken)
+    t_bargein_ns: int | None = None
+    packets: int = 0
+
+
+class CallWorker:
+    """One call id: state, FIFO text queue, phase, and the task that speaks it."""
+
+    def __init__(self, call_id: int) -> None:
+        self.state = CallState(call_id)
+        self.phase = CallPhase.IDLE
+        self.queue: deque[tuple[str, int]] = deque()
+        self.current: Utterance | None = None
+        self.closed = False
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.utterances = 0
+        self.packets = 0
+        self.bargeins = 0
+
+    @property
+    def call_id(self) -> int:
+        return self.state.call_id
+
+    def apply(self, event: CallInput) -> None:
+        new = transition(self.phase, event)
+        if new is not self.phase:
+            log.debug(
+                "call_phase_changed",
+                call_id=self.call_id,
+                old=self.phase.value,
+                new=new.value,
+                cause=event.value,
+            )
+            self.phase = new
+
+    def cut(self, t_ns: int | None = None) -> bool:
+        """Clear the queue and cancel the utterance in progress; ``True`` if anything was cut."""
+        cut = bool(self.queue)
+        self.queue.clear()
+        cur = self.current
+        if cur is not None and not cur.token.cancelled:
+            cur.token.cancel()
+            cur.t_bargein_ns = t_ns
+            cut = True
+        return cut
+
+    def depth(self) -> int:
+        return len(self.queue) + (1 if self.current is not None else 0)
+
+
+class CallManager:
+    """All calls of the engine; the dock client calls ``on_*`` from the event loop."""
+
+    def __init__(
+        self,
+        synth: Synthesizer,
+        sink: AudioSink,
+        stats: RuntimeStats,
+        settings: EngineSettings,
+        max_concurrent: int,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError("max_concurrent must be >= 1")
+        self.synth = synth
+        self.sink = sink
+        self.stats = stats
+        self.settings = settings
+        self.max_concurrent = max_concurrent
+        self.calls: dict[int, CallWorker] = {}
+        self._ended: OrderedDict[int, None] = OrderedDict()
+        self._sem = asyncio.Semaphore(max_concurrent)
+        self.waiting = 0  # utterances waiting for a synthesis slot
+        self.running = 0  # utterances holding a slot
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.threads: set[threading.Thread] = set()
+        self.closing = False
+
+    # -- events from the dock (all synchronous, on the loop) -------------------------------
+
+    def on_text(self, call_id: int, payload: bytes, t_rx_ns: int) -> None:
+        self.stats.texts_received += 1
+        text = payload.decode("utf-8", errors="replace").strip()
+        if not text:
+            log.debug("text_ignored", call_id=call_id, reason="empty")
+            return
+        if self.closing:
+            self._drop(call_id, "shutting_down")
+            return
+        w = self.calls.get(call_id)
+        if w is None:
+            if call_id in self._ended:
+                del self._ended[call_id]
+                log.info("call_reopened", call_id=call_id)
+            w = self._open(call_id)
+        if len(w.queue) >= MAX_QUEUED_TEXTS:
+            self._drop(call_id, "queue_full")
+            return
+        w.queue.append((text, t_rx_ns))
+        w.apply(CallInput.TEXT)
+        w.wakeup.set()
+
+    def on_speech_active(self, call_id: int, t_rx_ns: int) -> None:
+        w = self.calls.get(call_id)
+        if w is None:
+            if call_id in self._ended or self.closing:
+                return
+            w = self._open(call_id)
+        if w.cut(t_rx_ns):
+            w.bargeins += 1
+            self.stats.bargeins += 1
+            self.stats.bargein_mute.add((time.monotonic_ns() - t_rx_ns) / 1e6)
+            log.info("bargein_applied", call_id=call_id)
+        w.apply(CallInput.SPEECH_ACTIVE)
+
+    def on_speech_idle(self, call_id: int) -> None:
+        w = self.calls.get(call_id)
+        if w is None:
+            if call_id in self._ended or self.closing:
+                return
+            w = self._open(call_id)  # prewarm: the caller will likely get an answer soon
+        w.apply(CallInput.SPEECH_IDLE)
+
+    def on_call_end(self, call_id: int) -> None:
+        w = self.calls.pop(call_id, None)
+        self._ended[call_id] = None
+        self._ended.move_to_end(call_id)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+        if w is None:
+            return
+        w.apply(CallInput.CALL_END)
+        w.cut()
+        w.closed = True
+        w.wakeup.set()
+        self.stats.calls_ended += 1
+        log.info("call_ended", call_id=call_id, utterances=w.utterances, packets=w.packets)
+
+    def on_link_lost(self) -> None:
+        """The dock is gone: abandon every call's pending audio (the new dock would not
+        know these utterances); calls keep their state (voice, prosody)."""
+        abandoned = 0
+        for w in self.calls.values():
+            if w.cut():
+                abandoned += 1
+        if abandoned:
+            log.info("utterances_abandoned", calls=abandoned, reason="dock_lost")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _open(self, call_id: int) -> CallWorker:
+        w = CallWorker(call_id)
+        self.calls[call_id] = w
+        self.stats.calls_started += 1
+        ctx = contextvars.copy_context()
+        task = asyncio.get_running_loop().create_task(
+            self._run(w), name=f"call-{call_id}", context=ctx
+        )
+        w.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        log.debug("call_opened", call_id=call_id)
+        return w
+
+    def _drop(self, call_id: int, reason: str) -> None:
+        self.stats.texts_dropped += 1
+        log.warning("text_dropped", call_id=call_id, reason=reason)
+
+    async def close(self, grace: float) -> None:
+        """Stop taking work, cancel every synthesis, wait up to ``grace`` s for workers."""
+        self.closing = True
+        for call_id in list(self.calls):
+            w = self.calls.pop(call_id)
+            w.cut()
+            w.closed = True
+            w.wakeup.set()
+        tasks = set(self._tasks)
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=grace)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=0.1)
+
+    def live_threads(self) -> int:
+        return sum(1 for t in list(self.threads) if t.is_alive())
+
+    # -- the worker ------------------------------------------------------------------------
+
+    async def _run(self, w: CallWorker) -> None:
+        structlog.contextvars.bind_contextvars(call_id=w.call_id)
+        while not w.closed:
+            if not w.queue:
+                w.apply(CallInput.DRAINED)
+                w.wakeup.clear()
+                await w.wakeup.wait()
+                continue
+            text, t_rx_ns = w.queue.popleft()
+            utt = Utterance(text, t_rx_ns)
+            w.current = utt
+            try:
+                await self._speak(w, utt)
+            except asyncio.CancelledError:
+                utt.token.cancel()
+                raise
+            except Exception:  # a runtime bug must not take the other calls down
+                log.exception("utterance_crashed", call_id=w.call_id)
+                utt.token.cancel()
+            finally:
+                w.current = None
+
+    async def _speak(self, w: CallWorker, utt: Utterance) -> None:
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            if utt.token.cancelled or w.closed:
+                self.stats.utterances_cancelled += 1
+                return
+            self.stats.queue_wait.add((time.monotonic_ns() - utt.t_rx_ns) / 1e6)
+            await self._synthesize(w, utt)
+        finally:
+            self.running -= 1
+            self._sem.release()
+
+    async def _synthesize(self, w: CallWorker, utt: Utterance) -> None:
+        st = w.state
+        st.voice = self.settings.voice
+        st.speed = self.settings.speed
+        st.utterances += 1
+        w.utterances += 1
+        self.stats.utterances_started += 1
+        chan = ChunkChannel(asyncio.get_running_loop())
+        ctx = contextvars.copy_context()
+        th = threading.Thread(
+            target=ctx.run,
+            args=(self._produce, st, utt.text, utt.token, chan),
+            name=f"synth-{w.call_id}",
+            daemon=True,
+        )
+        self.threads.add(th)
+        th.start()
+        log.debug("utterance_started", call_id=w.call_id, chars=len(utt.text))
+        end: _End | None = None
+        try:
+            while True:
+                item = await chan.get()
+                if isinstance(item, _End):
+                    end = item
+                    break
+                # Barge-in gate: nothing may run between this check and the write.
+                if utt.token.cancelled or w.closed:
+                    self.stats.packets_suppressed += 1
+                    continue
+                if not self.sink.send_audio(w.call_id, item):
+                    self.stats.packets_unsent += 1
+                    utt.token.cancel()
+                    continue
+                if utt.packets == 0:
+                    self.stats.ttfa.add((time.monotonic_ns() - utt.t_rx_ns) / 1e6)
+                utt.packets += 1
+                w.packets += 1
+                self.stats.packets_sent += 1
+                self.stats.samples_sent += (len(item)) // 4
+                if self.sink.write_paused:
+                    await self.sink.drain()
+        finally:
+            if end is None:  # cancelled while waiting: the thread finishes on its own
+                utt.token.cancel()
+        self._finished(w, utt, end)
+
+    def _finished(self, w: CallWorker, utt: Utterance, end: _End) -> None:
+        if utt.t_bargein_ns is not None:
+            self.stats.bargein_stop.add((time.monotonic_ns() - utt.t_bargein_ns) / 1e6)
+        if end.truncated:
+            self.stats.utterances_truncated += 1
+            log.warning(
+                "utterance_truncated",
+                call_id=w.call_id,
+                samples=end.samples,
+                reason="120 s cap (WIRE.md 4)",
+            )
+        if end.error is not None:
+            self.stats.utterances_failed += 1
+            err = end.error
+            if isinstance(err, SynthesisError):
+                log.error("synthesis_failed", call_id=w.call_id, error=str(err))
+            else:
+                log.error(
+                    "synthesis_failed",
+                    call_id=w.call_id,
+                    error=f"{type(err).__name__}: {err}",
+                    exc_info=err,
+                )
+        elif utt.token.cancelled:
+            self.stats.utterances_cancelled += 1
+            log.debug("utterance_cancelled", call_id=w.call_id, packets=utt.packets)
+        else:
+            self.stats.utterances_completed += 1
+            log.debug(
+                "utterance_completed", call_id=w.call_id, packets=utt.packets, samples=end.samples
+            )
+
+    def _produce(self, state: CallState, text: str, token: CancelToken, chan: ChunkChannel) -> None:
+        """Synthesis thread: run the blocking generator, frame, hand packets to the loop."""
+        lower_thread_priority()
+        framer = UtteranceFramer()
+        error: BaseException | None = None
+        gen = None
+        try:
+            gen = self.synth.synthesize(text, state, token)
+            for chunk in gen:
+                if token.cancelled:
+                    break
+                for pcm in framer.process(chunk):
+                    if not chan.put(pcm, token):
+                        break
+                if token.cancelled or framer.truncated:
+                    break
+        except SynthesisCancelled:
+            pass
+        except BaseException as exc:  # reported on the loop; never kills other calls
+            error = exc
+        finally:
+            close: Callable[[], None] | None = getattr(gen, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except BaseException as exc:  # a generator that fails while closing
+                    if error is None and not isinstance(exc, SynthesisCancelled):
+                        error = exc
+            chan.finish(framer.samples_out, framer.truncated, error)
+            self.threads.discard(threading.current_thread())

@@ -1,0 +1,349 @@
+"""Engine cmd port commands (WIRE.md 6): one line in, one line out.
+
+Rule 1: the command table and every reply format live here, byte-exact with
+the reference (numbers like C++ ``std::to_string``, ms as integers); the
+extensions VOICES, SET_VOICE, GET_VOICE and STATS follow the same style.
+Rule 2: this file does not own sockets (``svc.net.start_cmd_server`` does)
+and never blocks the loop: syntheses and file writes run in threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import wave
+from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import numpy as np
+import structlog
+
+from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_pcm16
+from engines.runtime.calls import CallManager, EngineSettings
+from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
+from engines.runtime.synth import (
+    SAMPLE_RATE,
+    SPEED_MAX,
+    SPEED_MIN,
+    CallState,
+    CancelToken,
+    Synthesizer,
+)
+from engines.runtime.threads import in_thread
+from protocol.cmd import Command, cpp_double, parse_command
+from svc.logs import set_level
+
+log = structlog.get_logger(__name__)
+
+BENCH_DEFAULT = 5  # WIRE.md 6: BENCHMARK iterations when none given
+BENCH_MAX = 100
+STATS_MAX_CALLS = 64  # calls listed one by one in STATS
+
+ERR_UNKNOWN = "ERROR:Unknown command"
+ERR_SPEED = "ERROR:Invalid speed value"
+ERR_SYNTH = "ERROR:synthesis failed"
+ERR_ALL_FAILED = "ERROR:all iterations failed"
+ERR_WAV_FORMAT = "ERROR:format SYNTH_WAV:<path>|<text>"
+ERR_WAV_EMPTY = "ERROR:empty path or text"
+ERR_WAV_PATH = "ERROR:invalid path (no traversal or absolute paths)"
+ERR_WAV_WRITE = "ERROR:write failed (disk full?)"
+
+
+class DockState(Protocol):
+    @property
+    def docked(self) -> bool: ...
+
+
+def speed_text(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def ms_int(seconds: float) -> int:
+    """Whole milliseconds, truncated like ``std::chrono::duration_cast<milliseconds>``."""
+    return int(seconds * 1000.0)
+
+
+def safe_relative(path: str) -> PurePosixPath | None:
+    """A relative path without ``..``, ``~``, NUL, backslash or drive; ``None`` if unsafe."""
+    if not path or "\0" in path or "\\" in path or path.startswith(("/", "~")):
+        return None
+    p = PurePosixPath(path)
+    if p.is_absolute() or any(part in ("..", "") for part in p.parts) or ":" in p.parts[0]:
+        return None
+    return p
+
+
+class CommandHandler:
+    """Answers one command line; ``__call__`` is the ``svc.net`` handler."""
+
+    def __init__(
+        self,
+        synth: Synthesizer,
+        settings: EngineSettings,
+        calls: CallManager,
+        dock: DockState,
+        stats: RuntimeStats,
+        out_dir: Path,
+    ) -> None:
+        self.synth = synth
+        self.settings = settings
+        self.calls = calls
+        self.dock = dock
+        self.stats = stats
+        self.out_dir = out_dir
+        self._table: dict[str, Callable[[Command], Awaitable[str]]] = {
+            "TEST_SYNTH": self.test_synth,
+            "BENCHMARK": self.benchmark,
+            "SYNTH_WAV": self.synth_wav,
+            "SET_SPEED": self.set_speed,
+            "GET_SPEED": self.get_speed,
+            "SET_LOG_LEVEL": self.set_log_level,
+            "PING": self.ping,
+            "STATUS": self.status,
+            "VOICES": self.voices,
+            "SET_VOICE": self.set_voice,
+            "GET_VOICE": self.get_voice,
+            "STATS": self.stats_line,
+        }
+
+    async def __call__(self, data: bytes) -> str:
+        cmd = parse_command(data)
+        fn = self._table.get(cmd.name)
+        if fn is None:
+            log.debug("command_unknown", command=cmd.raw[:64])
+            return ERR_UNKNOWN
+        try:
+            return await fn(cmd)
+        except Exception:
+            log.exception("command_failed", command=cmd.name)
+            return ERR_SYNTH if "SYNTH" in cmd.name or cmd.name == "BENCHMARK" else ERR_UNKNOWN
+
+    # -- offline synthesis -----------------------------------------------------------------
+
+    def _synth_blocking(self, text: str) -> tuple[FloatArray, float]:
+        state = CallState(0, voice=self.settings.voice, speed=self.settings.speed)
+        token = CancelToken()
+        t0 = time.perf_counter()
+        parts = [as_mono_f32(c) for c in self.synth.synthesize(text, state, token)]
+        elapsed = time.perf_counter() - t0
+        raw = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        return normalize_whole(raw), elapsed
+
+    async def _synth(self, text: str) -> tuple[FloatArray, float] | None:
+        if not text.strip():
+            return None
+        try:
+            samples, elapsed = await in_thread(self._synth_blocking, text)
+        except Exception as exc:
+            log.error("synthesis_failed", source="cmd", error=f"{type(exc).__name__}: {exc}")
+            return None
+        if samples.size == 0:
+            log.error("synthesis_failed", source="cmd", error="no audio produced")
+            return None
+        return samples, elapsed
+
+    @staticmethod
+    def _timing(samples: FloatArray, elapsed: float) -> tuple[str, float]:
+        dur = samples.size / SAMPLE_RATE
+        rtf = elapsed / dur if dur > 0 else 0.0
+        return (
+            f"{ms_int(elapsed)}ms:{samples.size}:{SAMPLE_RATE}:{cpp_double(dur)}s:"
+            f"rtf={cpp_double(rtf)}",
+            rtf,
+        )
+
+    async def test_synth(self, cmd: Command) -> str:
+        res = await self._synth(cmd.arg or "")
+        if res is None:
+            return ERR_SYNTH
+        samples, elapsed = res
+        timing, _ = self._timing(samples, elapsed)
+        peak = float(np.max(np.abs(samples)))
+        rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+        return f"SYNTH_RESULT:{timing}:peak={cpp_double(peak)}:rms={cpp_double(rms)}"
+
+    async def benchmark(self, cmd: Command) -> str:
+        text, n = (cmd.arg or ""), BENCH_DEFAULT
+        head, bar, tail = text.rpartition("|")
+        if bar and tail.strip().isdigit():
+            text, n = head, max(1, min(BENCH_MAX, int(tail.strip())))
+        times: list[float] = []
+        rtfs: list[float] = []
+        samples = 0
+        for _ in range(n):
+            res = await self._synth(text)
+            if res is None:
+                continue
+            audio, elapsed = res
+            times.append(elapsed * 1000.0)
+            rtfs.append(self._timing(audio, elapsed)[1])
+            samples = audio.size
+        if not times:
+            return ERR_ALL_FAILED
+        s = sorted(times)
+        avg = sum(times) / len(times)
+        p50 = s[min(len(s) - 1, len(s) // 2)]
+        p95 = s[min(len(s) - 1, int(len(s) * 0.95))]
+        return (
+            f"BENCH_RESULT:{int(avg)}ms:{int(p50)}ms:{int(p95)}ms:{len(times)}/{n}:"
+            f"{samples}@{SAMPLE_RATE}:rtf={cpp_double(sum(rtfs) / len(rtfs))}"
+        )
+
+    async def synth_wav(self, cmd: Command) -> str:
+        if cmd.arg is None or "|" not in cmd.arg:
+            return ERR_WAV_FORMAT
+        path, _, text = cmd.arg.partition("|")
+        path = path.strip()
+        if not path or not text.strip():
+            return ERR_WAV_EMPTY
+        rel = safe_relative(path)
+        if rel is None:
+            return ERR_WAV_PATH
+        base = self.out_dir.resolve()
+        target = base / rel
+        try:
+            inside = target.resolve().is_relative_to(base)
+        except (OSError, RuntimeError):
+            inside = False
+        if not inside:  # e.g. a symlink inside the output dir pointing out of it
+            return ERR_WAV_PATH
+        res = await self._synth(text)
+        if res is None:
+            return ERR_SYNTH
+        samples, elapsed = res
+        try:
+            await in_thread(write_wav, target, samples)
+        except OSError as exc:
+            log.error("wav_write_failed", path=str(target), error=str(exc))
+            return ERR_WAV_WRITE
+        timing, _ = self._timing(samples, elapsed)
+        log.info("wav_written", path=str(target), samples=samples.size)
+        return f"WAV_RESULT:{timing}:path={path}"
+
+    # -- settings --------------------------------------------------------------------------
+
+    async def set_speed(self, cmd: Command) -> str:
+        try:
+            x = float((cmd.arg or "").strip())
+        except ValueError:
+            return ERR_SPEED
+        if not math.isfinite(x):
+            return ERR_SPEED
+        self.settings.speed = min(SPEED_MAX, max(SPEED_MIN, x))
+        log.info("speed_set", speed=self.settings.speed)
+        return f"SPEED:{speed_text(self.settings.speed)}"
+
+    async def get_speed(self, cmd: Command) -> str:
+        return f"SPEED:{speed_text(self.settings.speed)}"
+
+    async def set_log_level(self, cmd: Command) -> str:
+        try:
+            set_level(cmd.arg or "")
+        except ValueError:
+            return (
+                f"ERROR:Unknown log level {(cmd.arg or '').strip()[:32]} "
+                "(ERROR, WARN, INFO, DEBUG, TRACE)"
+            )
+        return "OK"
+
+    async def ping(self, cmd: Command) -> str:
+        return "PONG"
+
+    async def status(self, cmd: Command) -> str:
+        try:
+            suffix = await in_thread(self.synth.status_suffix)
+        except Exception as exc:
+            log.warning("status_suffix_failed", error=str(exc))
+            suffix = ""
+        dock = "connected" if self.dock.docked else "disconnected"
+        return (
+            f"ACTIVE_CALLS:{len(self.calls.calls)}:DOCK:{dock}:"
+            f"SPEED:{speed_text(self.settings.speed)}{suffix}"
+        )
+
+    async def voices(self, cmd: Command) -> str:
+        names = await in_thread(self.synth.voices)
+        return "VOICES:" + ",".join(names)
+
+    async def set_voice(self, cmd: Command) -> str:
+        name = (cmd.arg or "").strip()
+        names = await in_thread(self.synth.voices)
+        if name not in names:
+            return f"ERROR:Unknown voice {name[:64]}"
+        self.settings.voice = name
+        log.info("voice_set", voice=name)
+        return f"VOICE:{name}"
+
+    async def get_voice(self, cmd: Command) -> str:
+        voice = self.settings.voice
+        if voice is None:
+            voice = await in_thread(lambda: self.synth.default_voice)
+        return f"VOICE:{voice}"
+
+    async def stats_line(self, cmd: Command) -> str:
+        st, calls = self.stats, self.calls
+        fields = [
+            f"calls_active={len(calls.calls)}",
+            f"calls_started={st.calls_started}",
+            f"calls_ended={st.calls_ended}",
+            f"syntheses_running={calls.running}",
+            f"syntheses_waiting={calls.waiting}",
+            f"max_concurrent={calls.max_concurrent}",
+            f"texts_received={st.texts_received}",
+            f"texts_dropped={st.texts_dropped}",
+            f"utterances_started={st.utterances_started}",
+            f"utterances_completed={st.utterances_completed}",
+            f"utterances_cancelled={st.utterances_cancelled}",
+            f"utterances_failed={st.utterances_failed}",
+            f"utterances_truncated={st.utterances_truncated}",
+            f"packets_sent={st.packets_sent}",
+            f"packets_suppressed={st.packets_suppressed}",
+            f"packets_unsent={st.packets_unsent}",
+            f"audio_s_sent={st.samples_sent / SAMPLE_RATE:.3f}",
+            f"bargeins={st.bargeins}",
+            f"docks={st.docks}",
+            f"dock_losses={st.dock_losses}",
+            f"hello_rejections={st.hello_rejections}",
+            f"frames_malformed={st.frames_malformed}",
+            f"pings_answered={st.pings_answered}",
+            f"queue_depth={sum(w.depth() for w in calls.calls.values())}",
+        ]
+        fields += render_latency("ttfa", st.ttfa)
+        fields += render_latency("queue_wait", st.queue_wait)
+        fields += render_latency("bargein_mute", st.bargein_mute)
+        fields += render_latency("bargein_stop", st.bargein_stop)
+        for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
+            fields.append(
+                f"call.{w.call_id}={w.phase.value},queued={w.depth()},"
+                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins}"
+            )
+        try:
+            extra = await in_thread(self.synth.stats)
+        except Exception as exc:
+            log.warning("synth_stats_failed", error=str(exc))
+            extra = {}
+        for k, v in extra.items():
+            fields.append(f"synth.{k}={fmt_ms(float(v))}")
+        return "STATS:" + ":".join(fields)
+
+
+def write_wav(path: Path, samples: FloatArray) -> None:
+    """16-bit mono WAV at 24 kHz, written to a temporary name and renamed; a partial
+    file is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(SAMPLE_RATE)
+            w.writeframes(to_pcm16(samples))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,81 @@
+"""Counters and latency windows of the engine runtime (cmd ``STATS``).
+
+Rule 1: numbers only; everything here is touched from the event loop thread.
+Rule 2: this file does not know how they are printed beyond ``render_stats``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+WINDOW = 1000  # latency samples kept per metric (the most recent ones)
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); 0.0 for no values."""
+    s = sorted(values)
+    if not s:
+        return 0.0
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+class LatencyWindow:
+    """The last ``WINDOW`` samples of one latency, in milliseconds."""
+
+    __slots__ = ("count", "values")
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+        self.count = 0
+
+    def add(self, ms: float) -> None:
+        self.values.append(ms)
+        self.count += 1
+
+    def p(self, q: float) -> float:
+        return percentile(self.values, q)
+
+
+class RuntimeStats:
+    """Engine-wide counters; names follow ``<noun>_<verb past>`` (STYLE.md 3)."""
+
+    def __init__(self) -> None:
+        self.calls_started = 0
+        self.calls_ended = 0
+        self.texts_received = 0
+        self.texts_dropped = 0
+        self.utterances_started = 0
+        self.utterances_completed = 0
+        self.utterances_cancelled = 0
+        self.utterances_failed = 0
+        self.utterances_truncated = 0
+        self.packets_sent = 0
+        self.packets_suppressed = 0  # produced but gated by a barge-in / CALL_END
+        self.packets_unsent = 0  # produced while no dock link existed
+        self.samples_sent = 0
+        self.bargeins = 0
+        self.docks = 0
+        self.dock_losses = 0
+        self.hello_rejections = 0
+        self.frames_malformed = 0
+        self.pings_answered = 0
+        self.ttfa = LatencyWindow()  # text received -> first audio packet written
+        self.bargein_mute = LatencyWindow()  # SPEECH_ACTIVE read -> call's audio gated
+        self.bargein_stop = LatencyWindow()  # SPEECH_ACTIVE read -> synthesis thread ended
+        self.queue_wait = LatencyWindow()  # text received -> synthesis started
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def render_latency(name: str, w: LatencyWindow) -> list[str]:
+    return [
+        f"{name}_n={w.count}",
+        f"{name}_p50_ms={fmt_ms(w.p(50))}",
+        f"{name}_p99_ms={fmt_ms(w.p(99))}",
+        f"{name}_max_ms={fmt_ms(max(w.values, default=0.0))}",
+    ]
