@@ -1,0 +1,79 @@
+"""Sample-level helpers: silence trimming and the equal-power crossfade joiner.
+
+Rule 1: numpy only, no model, no clocks.
+Rule 2: the joiner holds back exactly ``fade`` samples, so what it emits never
+changes afterwards and the first phrase's audio leaves at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engines.runtime.synth import FloatArray
+
+CROSSFADE_SAMPLES = 192  # WIRE.md 8: joins use a 192-sample equal-power crossfade
+FRAME = 240  # 10 ms at 24 kHz
+SILENCE_DB = -42.0  # frames this far below the loudest frame count as silence
+SILENCE_FLOOR = 1e-3  # absolute RMS under which a frame is silence
+
+
+def speech_bounds(audio: FloatArray) -> tuple[int, int] | None:
+    """(first, last+1) sample of the span that is not silence; None if all is silence."""
+    n = len(audio) // FRAME
+    if n == 0:
+        return (0, len(audio)) if len(audio) and float(np.max(np.abs(audio))) > 0 else None
+    frames = audio[: n * FRAME].reshape(n, FRAME).astype(np.float64)
+    rms = np.sqrt(np.mean(frames * frames, axis=1))
+    top = float(rms.max())
+    threshold = max(top * 10 ** (SILENCE_DB / 20), SILENCE_FLOOR)
+    loud = np.nonzero(rms > threshold)[0]
+    if loud.size == 0:
+        return None
+    end = len(audio) if loud[-1] == n - 1 else int(loud[-1] + 1) * FRAME
+    return int(loud[0]) * FRAME, end
+
+
+def trim(audio: FloatArray, lead: int, tail: int) -> FloatArray:
+    """Keep at most ``lead`` samples before and ``tail`` samples after the speech span."""
+    bounds = speech_bounds(audio)
+    if bounds is None:
+        return audio[:0]
+    start, end = bounds
+    return audio[max(0, start - lead) : min(len(audio), end + tail)]
+
+
+def equal_power(n: int) -> tuple[FloatArray, FloatArray]:
+    t = (np.arange(n, dtype=np.float32) + 0.5) / max(n, 1)
+    return np.cos(t * np.pi / 2).astype(np.float32), np.sin(t * np.pi / 2).astype(np.float32)
+
+
+class Joiner:
+    """Joins phrase audio with an equal-power crossfade while streaming."""
+
+    def __init__(self, fade: int = CROSSFADE_SAMPLES) -> None:
+        self.fade = fade
+        self.tail: FloatArray | None = None
+
+    def push(self, audio: FloatArray) -> FloatArray:
+        """Add the next phrase; return the samples that are final now."""
+        audio = np.asarray(audio, dtype=np.float32)
+        if self.tail is None:
+            ready = audio
+        else:
+            held = self.tail
+            n = min(len(held), len(audio))
+            fo, fi = equal_power(n)
+            cross = held[len(held) - n :] * fo + audio[:n] * fi
+            ready = np.concatenate([held[: len(held) - n], cross, audio[n:]])
+        keep = min(self.fade, len(ready))
+        self.tail = ready[len(ready) - keep :].copy()
+        return ready[: len(ready) - keep]
+
+    def finish(self) -> FloatArray:
+        """The held-back tail, faded out so the utterance ends without a click."""
+        if self.tail is None or len(self.tail) == 0:
+            return np.zeros(0, np.float32)
+        fo, _ = equal_power(len(self.tail))
+        out = self.tail * fo
+        self.tail = None
+        return out.astype(np.float32)

@@ -1,0 +1,207 @@
+"""Inference backends behind one small interface; ONNX Runtime is the default.
+
+Rule 1: a backend turns (tokens, style, speed) into raw 24 kHz float32 audio
+and knows nothing about text, phrases or calls.
+Rule 2: a backend run can be abandoned from another thread (``CancelWatcher``),
+so a barge-in stops the model within milliseconds, not at the next phrase.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import structlog
+
+from engines.kokoro.models import ModelFileError
+from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled, SynthesisError
+
+log = structlog.get_logger(__name__)
+
+CANCEL_POLL_S = 0.005  # how often a running inference looks at its cancel token
+
+
+class Backend(Protocol):
+    name: str
+
+    def load(self) -> None: ...
+
+    def infer(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> FloatArray: ...
+
+    def close(self) -> None: ...
+
+
+class CancelWatcher:
+    """One thread that sets ``RunOptions.terminate`` for runs whose token fired.
+
+    It sleeps on a condition while no run is active, so an idle engine costs nothing.
+    """
+
+    def __init__(self, interval: float = CANCEL_POLL_S) -> None:
+        self.interval = interval
+        self._cond = threading.Condition()
+        self._active: dict[int, tuple[CancelToken, Any]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, token: CancelToken, run_options: Any) -> int:
+        with self._cond:
+            key = next(self._ids)
+            self._active[key] = (token, run_options)
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._loop, name="kokoro-cancel-watch", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+            return key
+
+    def unwatch(self, key: int) -> None:
+        with self._cond:
+            self._active.pop(key, None)
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if not self._active:
+                    self._cond.wait()
+                    continue
+                for token, run_options in self._active.values():
+                    if token.cancelled:
+                        run_options.terminate = True
+                self._cond.wait(self.interval)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+
+class OnnxBackend:
+    """Kokoro as one ONNX graph (``tokens``/``input_ids``, ``style``, ``speed`` -> ``audio``).
+
+    Threads: ``intra_op_num_threads=threads`` (default 2), one inter-op thread,
+    sequential execution, and no spin-waiting by default: on a 2-core box
+    shared with other calls and processes, spinning threads steal the CPU
+    that the other inference needs. CUDA is used when ``onnxruntime-gpu``
+    offers ``CUDAExecutionProvider`` (``device="auto"``).
+    Concurrent calls share the session; ``max_parallel`` runs execute at once
+    (default 1: two runs of 2 threads each on 2 cores only slow both down).
+    """
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        threads: int = 2,
+        device: str = "auto",
+        spinning: bool = False,
+        max_parallel: int = 1,
+    ) -> None:
+        self.model_path = model_path
+        self.threads = max(1, threads)
+        self.device = device
+        self.spinning = spinning
+        self._gate = threading.BoundedSemaphore(max(1, max_parallel))
+        self._watcher = CancelWatcher()
+        self.session: Any = None
+        self.providers: list[str] = []
+        self._tokens_name = "tokens"
+        self._speed_dtype: np.dtype[Any] = np.dtype(np.float32)
+        self._style_dtype: np.dtype[Any] = np.dtype(np.float32)
+        self._tokens_dtype: np.dtype[Any] = np.dtype(np.int64)
+
+    def load(self) -> None:
+        import onnxruntime as ort
+
+        if not self.model_path.is_file():
+            raise ModelFileError(f"model file {self.model_path} does not exist")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        if not self.spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        available = ort.get_available_providers()
+        providers = ["CPUExecutionProvider"]
+        if self.device in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+            providers.insert(0, "CUDAExecutionProvider")
+        elif self.device == "cuda":
+            log.warning("cuda_unavailable", providers=available)
+        try:
+            self.session = ort.InferenceSession(str(self.model_path), opts, providers=providers)
+        except Exception as exc:
+            raise ModelFileError(
+                f"model file {self.model_path} is not a loadable ONNX model: {exc}"
+            ) from exc
+        self.providers = list(self.session.get_providers())
+        types = {
+            "tensor(float)": np.float32,
+            "tensor(int64)": np.int64,
+            "tensor(int32)": np.int32,
+            "tensor(float16)": np.float16,
+        }
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self._tokens_name = "input_ids" if "input_ids" in inputs else "tokens"
+        missing = {self._tokens_name, "style", "speed"} - set(inputs)
+        if missing:
+            raise ModelFileError(
+                f"model file {self.model_path} is not a Kokoro graph: inputs "
+                f"{sorted(inputs)} lack {sorted(missing)}"
+            )
+        self._tokens_dtype = np.dtype(types.get(inputs[self._tokens_name].type, np.int64))
+        self._style_dtype = np.dtype(types.get(inputs["style"].type, np.float32))
+        self._speed_dtype = np.dtype(types.get(inputs["speed"].type, np.float32))
+        log.info(
+            "model_loaded",
+            path=str(self.model_path),
+            providers=self.providers,
+            threads=self.threads,
+        )
+
+    def infer(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> FloatArray:
+        import onnxruntime as ort
+
+        if self.session is None:
+            raise SynthesisError("model not loaded")
+        speed_value: float | int = speed
+        if self._speed_dtype.kind in "iu":
+            speed_value = max(1, round(speed))
+        feeds = {
+            self._tokens_name: np.array([[0, *tokens, 0]], dtype=self._tokens_dtype),
+            "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
+            "speed": np.array([speed_value], dtype=self._speed_dtype),
+        }
+        run_options = ort.RunOptions()
+        run_options.log_severity_level = 4  # a terminated run is not an error worth a line
+        with self._gate:
+            cancel.raise_if_cancelled()
+            key = self._watcher.watch(cancel, run_options)
+            try:
+                outputs = self.session.run(None, feeds, run_options)
+            except Exception as exc:
+                if cancel.cancelled:
+                    raise SynthesisCancelled() from None
+                raise SynthesisError(f"inference failed: {exc}") from exc
+            finally:
+                self._watcher.unwatch(key)
+        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def close(self) -> None:
+        self._watcher.stop()
+        self.session = None

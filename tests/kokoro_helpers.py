@@ -1,0 +1,80 @@
+"""Shared fixtures for the Kokoro tests: the real model, assembled once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.kokoro.backend import OnnxBackend
+from engines.kokoro.models import assemble_default_model
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.synth import CallState, CancelToken, FloatArray
+
+EN_SENTENCE = "Hello, how can I help you today?"
+DE_SENTENCE = "Guten Tag, wie kann ich Ihnen heute helfen?"
+
+
+_SHARED: dict[str, Path] = {}
+
+
+def shared_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A models dir holding the assembled default model (assembled once per session).
+
+    Test modules wrap this in their own fixture: ``tmp_path_factory`` lives for
+    the whole session, and the result is cached here.
+    """
+    if "dir" not in _SHARED:
+        mdir = tmp_path_factory.mktemp("kokoro-models")
+        assemble_default_model(mdir)
+        _SHARED["dir"] = mdir
+    return _SHARED["dir"]
+
+
+class SpyBackend(OnnxBackend):
+    """The real ONNX backend, recording every inference's tokens."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls: list[tuple[int, ...]] = []
+
+    def infer(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> FloatArray:
+        self.calls.append(tuple(tokens))
+        return super().infer(tokens, style, speed, cancel)
+
+
+def loaded_synth(models_dir: Path) -> Iterator[KokoroSynthesizer]:
+    """A loaded synthesizer with a recording backend (wrap in a module-scoped fixture)."""
+    from engines.kokoro.models import KOKORO_INT8_NAME
+
+    model = models_dir / "kokoro" / KOKORO_INT8_NAME
+    synth = KokoroSynthesizer(
+        KokoroConfig(models_dir=models_dir, prompt_cache_mb=16),
+        backend=SpyBackend(model, threads=2),
+    )
+    synth.load()
+    yield synth
+    synth.close()
+
+
+def spy(synth: KokoroSynthesizer) -> SpyBackend:
+    backend = synth._backend
+    assert isinstance(backend, SpyBackend)
+    return backend
+
+
+def speak(
+    synth: KokoroSynthesizer,
+    text: str,
+    state: CallState | None = None,
+    cancel: CancelToken | None = None,
+) -> list[FloatArray]:
+    return list(synth.synthesize(text, state or CallState(call_id=1), cancel or CancelToken()))
+
+
+def rms(audio: FloatArray) -> float:
+    return float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0

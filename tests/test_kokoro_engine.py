@@ -1,0 +1,244 @@
+"""KokoroSynthesizer with the real int8 model (kept few and short: ~1 s per inference)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kokoro_helpers import (
+    DE_SENTENCE,
+    EN_SENTENCE,
+    loaded_synth,
+    rms,
+    shared_models_dir,
+    speak,
+    spy,
+)
+
+from engines.kokoro.models import ModelFileError
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.synth import (
+    SAMPLE_RATE,
+    CallState,
+    CancelToken,
+    SynthesisCancelled,
+    SynthesisError,
+    Synthesizer,
+    VoiceNotFound,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_models_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def kokoro_synth(kokoro_models_dir: Path) -> Iterator[KokoroSynthesizer]:
+    yield from loaded_synth(kokoro_models_dir)
+
+
+def test_is_a_synthesizer(kokoro_synth: KokoroSynthesizer) -> None:
+    assert isinstance(kokoro_synth, Synthesizer)
+    assert kokoro_synth.sample_rate == SAMPLE_RATE == 24000
+    assert kokoro_synth.default_voice == "jf_alpha"
+    assert {"jf_alpha", "jm_kumo"} <= set(kokoro_synth.voices())
+    assert kokoro_synth.status_suffix() == ":G2P:espeak"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "min_s", "max_s"),
+    [(EN_SENTENCE, "en", 1.2, 4.5), (DE_SENTENCE, "de", 1.6, 5.5)],
+)
+def test_known_sentences_sound_plausible(
+    kokoro_synth: KokoroSynthesizer, text: str, lang: str, min_s: float, max_s: float
+) -> None:
+    assert kokoro_synth.phonemize(text).lang == lang
+    chunks = speak(kokoro_synth, text)
+    assert len(chunks) >= 2, "a sentence with a clause is streamed in phrases"
+    audio = np.concatenate(chunks)
+    assert audio.dtype == np.float32 and np.all(np.isfinite(audio))
+    assert min_s <= len(audio) / SAMPLE_RATE <= max_s
+    assert 0.03 <= rms(audio) <= 0.3
+    assert float(np.max(np.abs(audio))) <= 1.5
+    # edge silence trimmed: sound within the first 100 ms
+    assert rms(audio[: SAMPLE_RATE // 10]) > 1e-3
+
+
+def test_phrases_stream_in_order_with_a_short_first_phrase(
+    kokoro_synth: KokoroSynthesizer,
+) -> None:
+    text = (
+        "I have booked your appointment for Monday at ten in the morning, "
+        "and I will send you a short reminder the day before."
+    )
+    backend = spy(kokoro_synth)
+    backend.calls.clear()
+    phon = kokoro_synth.phonemize(text)
+    chunks = speak(kokoro_synth, text, CallState(call_id=7))
+    calls = list(backend.calls)
+    assert len(calls) >= 2
+    assert len(calls[0]) <= 20 and len(calls[0]) * 3 < phon.n_tokens
+    # every phrase is a consecutive slice of the utterance: joined back they are the utterance
+    space = kokoro_synth.frontend.vocab.space
+    joined: list[int] = []
+    for call in calls:
+        if joined:
+            joined.append(space)  # type: ignore[arg-type]
+        joined.extend(call)
+    expected: list[int] = []
+    for w in phon.words:
+        if expected:
+            expected.append(space)  # type: ignore[arg-type]
+        expected.extend(w.tokens)
+    assert joined == expected
+    assert len(chunks) == len(calls)  # one chunk per phrase, yielded as each is ready
+    first_share = len(chunks[0]) / sum(len(c) for c in chunks)
+    assert first_share < 0.45
+
+
+def test_text_beyond_510_phonemes(kokoro_synth: KokoroSynthesizer) -> None:
+    text = " ".join(["The quick brown fox jumps over the lazy dog, and then it runs away."] * 9)
+    assert kokoro_synth.phonemize(text).n_tokens > 510
+    backend = spy(kokoro_synth)
+    backend.calls.clear()
+    audio = np.concatenate(speak(kokoro_synth, text, CallState(call_id=2, speed=2.0)))
+    assert all(len(c) <= 510 for c in backend.calls)
+    assert len(audio) / SAMPLE_RATE > 12.0
+    assert rms(audio) > 0.03
+
+
+def test_cancel_between_phrases_stops_early(kokoro_synth: KokoroSynthesizer) -> None:
+    text = "One two three four five six seven eight, nine ten eleven twelve thirteen fourteen."
+    backend = spy(kokoro_synth)
+    backend.calls.clear()
+    cancel = CancelToken()
+    gen = kokoro_synth.synthesize(text, CallState(call_id=3), cancel)
+    first = next(gen)
+    assert len(first) > 0
+    cancel.cancel()
+    with pytest.raises(SynthesisCancelled):
+        next(gen)
+    assert len(backend.calls) == 1
+
+
+def test_cancel_interrupts_a_running_inference(kokoro_synth: KokoroSynthesizer) -> None:
+    backend = spy(kokoro_synth)
+    tokens = kokoro_synth.phonemize(
+        "This is a rather long sentence that keeps the model busy for a while, "
+        "so that a barge-in can arrive while it is still running."
+    ).words
+    flat = [t for w in tokens for t in w.tokens]
+    style = np.zeros(256, np.float32)
+    t0 = time.perf_counter()
+    backend.infer(flat, style, 1.0, CancelToken())
+    full = time.perf_counter() - t0
+    cancel = CancelToken()
+    timer = threading.Timer(full * 0.1, cancel.cancel)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(SynthesisCancelled):
+        backend.infer(flat, style, 1.0, cancel)
+    cut = time.perf_counter() - t0
+    timer.cancel()
+    assert cut < full * 0.6
+
+
+def test_prompt_cache_hit_skips_inference(kokoro_synth: KokoroSynthesizer) -> None:
+    text = "Please hold the line."
+    backend = spy(kokoro_synth)
+    before = kokoro_synth.stats()
+    a = np.concatenate(speak(kokoro_synth, text, CallState(call_id=4)))
+    n_calls = len(backend.calls)
+    b = np.concatenate(speak(kokoro_synth, text + "  ", CallState(call_id=5)))
+    after = kokoro_synth.stats()
+    assert len(backend.calls) == n_calls
+    np.testing.assert_array_equal(a, b)
+    assert after["prompt_cache_hits"] == before["prompt_cache_hits"] + 1
+    assert after["prompt_cache_misses"] == before["prompt_cache_misses"] + 1
+    # another speed is another entry
+    speak(kokoro_synth, text, CallState(call_id=6, speed=1.3))
+    assert len(backend.calls) > n_calls
+
+
+def test_prosody_carries_over_within_a_call(kokoro_synth: KokoroSynthesizer) -> None:
+    state = CallState(call_id=8)
+    speak(kokoro_synth, "Yes.", state)
+    first = state.prosody["kokoro_style"].copy()
+    speak(kokoro_synth, "That is a longer second sentence of this call.", state)
+    second = state.prosody["kokoro_style"]
+    voice = kokoro_synth._voices["jf_alpha"]
+    n = kokoro_synth.phonemize("That is a longer second sentence of this call.").n_tokens
+    np.testing.assert_allclose(second, 0.5 * first + 0.5 * voice[n - 1], rtol=1e-5)
+
+
+def test_unknown_voice(kokoro_synth: KokoroSynthesizer) -> None:
+    with pytest.raises(VoiceNotFound, match="nope"):
+        speak(kokoro_synth, "Hello.", CallState(call_id=1, voice="nope"))
+
+
+@pytest.mark.parametrize("speed", [0.1, 2.5, float("nan"), float("inf")])
+def test_bad_speed(kokoro_synth: KokoroSynthesizer, speed: float) -> None:
+    with pytest.raises(SynthesisError, match="speed"):
+        speak(kokoro_synth, "Hello.", CallState(call_id=1, speed=speed))
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", "?!...", "—,;:"])
+def test_nothing_to_speak(kokoro_synth: KokoroSynthesizer, text: str) -> None:
+    with pytest.raises(SynthesisError):
+        speak(kokoro_synth, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["☃☃☃ ⌘", "😀🎉", "12345", "\x00\x01\x02\ufffd\u200b\U0010ffff", "ÿþ\x7f\x80ĀĂ"],
+)
+def test_odd_text_speaks_or_raises_synthesis_error(
+    kokoro_synth: KokoroSynthesizer, text: str
+) -> None:
+    try:
+        audio = np.concatenate(speak(kokoro_synth, text))
+    except SynthesisError:
+        return
+    assert len(audio) > 0 and np.all(np.isfinite(audio))
+
+
+@settings(max_examples=6)
+@given(text=st.text(max_size=12))
+def test_arbitrary_text_raises_only_synthesis_error(
+    kokoro_synth: KokoroSynthesizer, text: str
+) -> None:
+    try:
+        for chunk in speak(kokoro_synth, text):
+            assert chunk.dtype == np.float32
+    except SynthesisError:
+        pass
+
+
+def test_warm_up(kokoro_synth: KokoroSynthesizer) -> None:
+    before = kokoro_synth.stats()["phrases"]
+    kokoro_synth.warm_up()
+    assert kokoro_synth.stats()["phrases"] >= before + 2
+
+
+def test_missing_model_file_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.onnx"
+    synth = KokoroSynthesizer(KokoroConfig(models_dir=tmp_path, model=missing))
+    with pytest.raises(ModelFileError, match=r"nope.onnx"):
+        synth.load()
+
+
+def test_corrupt_model_file_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage" * 100)
+    synth = KokoroSynthesizer(KokoroConfig(models_dir=tmp_path, model=bad))
+    with pytest.raises(ModelFileError, match=r"bad.onnx"):
+        synth.load()

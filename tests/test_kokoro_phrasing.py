@@ -1,0 +1,79 @@
+"""Phrase planning: short first phrase, cut preferences, the 510-token limit."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.kokoro.frontend import Word
+from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, PhrasePlanner
+
+SPACE = 16
+
+
+def words(spec: str) -> list[Word]:
+    """'aaa bb, cc.' -> words with 1 token per letter; ',' clause, '.' sentence."""
+    out = []
+    for raw in spec.split():
+        brk = Word.SENTENCE if raw[-1] in ".?!" else Word.CLAUSE if raw[-1] in ",;" else Word.WORD
+        letters = raw.rstrip(".,;?!")
+        out.append(Word(raw, tuple([1] * len(letters) + ([2] if brk else [])), brk))
+    return out
+
+
+def all_phrases(planner: PhrasePlanner, budget: int | None = None) -> list[tuple[int, ...]]:
+    out = []
+    while (p := planner.next(budget)) is not None:
+        out.append(p.tokens)
+    return out
+
+
+def test_first_phrase_is_a_short_clause() -> None:
+    p = PhrasePlanner(words("hello, how can i help you today?"), SPACE)
+    first = p.next()
+    assert first is not None and first.n_words == 1 and first.brk == Word.CLAUSE
+
+
+def test_first_phrase_is_a_few_words_of_a_long_clause() -> None:
+    p = PhrasePlanner(words("ich habe ihren termin fuer montag eingetragen."), SPACE)
+    first = p.next()
+    assert first is not None and first.n_words == 3 and first.brk == Word.WORD
+
+
+def test_no_one_word_rest_of_the_first_clause() -> None:
+    p = PhrasePlanner(words("guten tag lieber herr, wie geht es?"), SPACE)
+    first = p.next()
+    assert first is not None and first.n_words == 4
+
+
+def test_later_phrases_prefer_sentence_then_clause_ends() -> None:
+    w = words("a b c d. eeee ffff, gggg hhhh iiii. jjjj kkkk llll")
+    p = PhrasePlanner(w, SPACE, first_max_words=1)
+    p.next()
+    second = p.next(budget=14)
+    assert second is not None and second.brk == Word.SENTENCE
+    third = p.next(budget=14)
+    assert third is not None and third.brk == Word.CLAUSE
+
+
+def test_single_overlong_word_is_split() -> None:
+    w = [Word("x", tuple([5] * 1200), Word.SENTENCE)]
+    phrases = all_phrases(PhrasePlanner(w, SPACE))
+    assert [len(t) for t in phrases] == [MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS, 180]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 700), min_size=1, max_size=40),
+    brks=st.lists(st.sampled_from([0, 0, 0, 1, 2]), min_size=40, max_size=40),
+    budget=st.one_of(st.none(), st.integers(1, 600)),
+    max_tokens=st.integers(1, MAX_CONTEXT_TOKENS),
+)
+def test_phrases_cover_everything_in_order_within_limits(
+    lengths: list[int], brks: list[int], budget: int | None, max_tokens: int
+) -> None:
+    w = [Word(str(i), tuple([i + 100] * n), brks[i]) for i, n in enumerate(lengths)]
+    p = PhrasePlanner(w, SPACE, max_tokens=max_tokens)
+    phrases = all_phrases(p, budget)
+    assert all(1 <= len(t) <= max_tokens for t in phrases)
+    flat = [t for ph in phrases for t in ph if t != SPACE]
+    assert flat == [t for x in w for t in x.tokens]
