@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import wave
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,31 +74,35 @@ class FakeOap:
 
     async def on_mgmt(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         dec = FrameDecoder()
-        while data := await reader.read(65536):
-            dec.feed(data)
-            while not isinstance(body := dec.next_body(), type(NEED_DATA)):
-                msg = decode_mgmt(body)
-                if isinstance(msg, Ping):
-                    writer.write(encode_frame(encode_mgmt(PONG)))
-                elif isinstance(msg, Custom):
-                    self.flushes += msg == FLUSH_TTS
-                    writer.write(encode_frame(encode_mgmt(Custom(b"OK"))))
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            while data := await reader.read(65536):
+                dec.feed(data)
+                while not isinstance(body := dec.next_body(), type(NEED_DATA)):
+                    msg = decode_mgmt(body)
+                    if isinstance(msg, Ping):
+                        writer.write(encode_frame(encode_mgmt(PONG)))
+                    elif isinstance(msg, Custom):
+                        self.flushes += msg == FLUSH_TTS
+                        writer.write(encode_frame(encode_mgmt(Custom(b"OK"))))
+        writer.close()
 
     async def on_data(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.data_connected.set()
         dec = FrameDecoder()
-        while data := await reader.read(1 << 20):
-            dec.feed(data)
-            while not isinstance(body := dec.next_body(), type(NEED_DATA)):
-                pkt = decode_packet(body)
-                check_audio_payload(pkt.payload)
-                call = self.calls.setdefault(pkt.call_id, CallAudio())
-                now = time.monotonic()
-                if call.first_at is None:
-                    call.first_at = now
-                call.last_at = now
-                call.chunks.append(pkt.payload[12:])
-                call.samples += (len(pkt.payload) - 12) // 4
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            while data := await reader.read(1 << 20):
+                dec.feed(data)
+                while not isinstance(body := dec.next_body(), type(NEED_DATA)):
+                    pkt = decode_packet(body)
+                    check_audio_payload(pkt.payload)
+                    call = self.calls.setdefault(pkt.call_id, CallAudio())
+                    now = time.monotonic()
+                    if call.first_at is None:
+                        call.first_at = now
+                    call.last_at = now
+                    call.chunks.append(pkt.payload[12:])
+                    call.samples += (len(pkt.payload) - 12) // 4
+        writer.close()
 
 
 async def ctl(port: int, command: str) -> str:
@@ -109,8 +114,8 @@ async def ctl(port: int, command: str) -> str:
     return reply.decode().strip()
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def wait_for(predicate: Callable[[], Awaitable[bool]], limit: float, what: str) -> None:
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             if await predicate():
@@ -119,106 +124,142 @@ async def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignor
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-async def run(args: argparse.Namespace) -> int:
-    ports = {k: free_port() for k in ("llama_mgmt", "llama_data", "cmd", "dock", "oap_mgmt",
-                                      "oap_data", "engine_cmd")}
+Procs = list[subprocess.Popen[bytes]]
+
+
+def start_processes(args: argparse.Namespace, ports: dict[str, int]) -> Procs:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log_dir = Path(args.out).parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    exe = [sys.executable, "-m", "ttsdock"]
+    dock_cmd = [
+        *exe, "serve",
+        "--llama-mgmt-port", str(ports["llama_mgmt"]),
+        "--llama-data-port", str(ports["llama_data"]),
+        "--cmd-port", str(ports["cmd"]),
+        "--dock-port", str(ports["dock"]),
+        "--oap-mgmt-port", str(ports["oap_mgmt"]),
+        "--oap-data-port", str(ports["oap_data"]),
+    ]  # fmt: skip
+    engine_cmd = [
+        *exe, "kokoro",
+        "--dock-port", str(ports["dock"]),
+        "--cmd-port", str(ports["engine_cmd"]),
+        "--models-dir", args.models_dir,
+    ]  # fmt: skip
+    if args.voice:
+        engine_cmd += ["--voice", args.voice]
+    procs = []
+    for name, cmd in (("dock", dock_cmd), ("kokoro", engine_cmd)):
+        with open(log_dir / f"{name}.log", "wb") as log_file:
+            procs.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(procs):  # the engine first, then the dock
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def run(
+    args: argparse.Namespace,
+    ports: dict[str, int],
+    procs: list[subprocess.Popen[bytes]],
+    oap: FakeOap,
+) -> int:
+    t_start = time.monotonic()
+    print(f"dock and kokoro engine starting (logs in {Path(args.out).parent}/dock.log, kokoro.log)")
+
+    async def docked() -> bool:
+        for p, name in zip(procs, ("dock", "kokoro"), strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {p.returncode}; see its log")
+        return (await ctl(ports["cmd"], "STATUS")).startswith("ACTIVE")
+
+    await wait_for(docked, args.timeout, "the Kokoro engine to dock")
+    print(f"engine docked after {time.monotonic() - t_start:.1f} s (model load and warm-up)")
+    await asyncio.wait_for(oap.data_connected.wait(), 10)
+
+    _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
+    _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
+    results = []
+    for i, (lang, text) in enumerate(SENTENCES, start=1):
+        call = oap.calls.setdefault(i, CallAudio())
+        call.sent_at = time.monotonic()
+        data_w.write(encode_frame(encode_packet(Packet(i, text.encode()))))
+        await data_w.drain()
+
+        # The utterance is complete when its audio has stopped for a while.
+        async def finished(c: CallAudio = call) -> bool:
+            return c.last_at is not None and time.monotonic() - c.last_at > args.quiet
+
+        await wait_for(finished, args.timeout, f"audio for sentence {i}")
+        mgmt_w.write(encode_frame(encode_mgmt(CallEnd(i))))
+        await mgmt_w.drain()
+        assert call.first_at is not None and call.last_at is not None
+        results.append(
+            (
+                lang,
+                text,
+                call.first_at - call.sent_at,
+                call.samples / SAMPLE_RATE,
+                call.last_at - call.sent_at,
+            )
+        )
+    for w in (mgmt_w, data_w):
+        w.close()
+
+    pcm = bytearray()
+    gap = b"\0\0" * (SAMPLE_RATE // 2)
+    for i in range(1, len(SENTENCES) + 1):
+        for chunk in oap.calls[i].chunks:
+            floats = struct.unpack(f"<{len(chunk) // 4}f", chunk)
+            pcm += struct.pack(
+                f"<{len(floats)}h", *(max(-32768, min(32767, int(x * 32767))) for x in floats)
+            )
+        pcm += gap
+    out = Path(args.out)
+    with wave.open(str(out), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLE_RATE)
+        wav.writeframes(bytes(pcm))
+    print()
+    print(f"{'lang':<5}{'TTFA':>9}{'audio':>9}{'wall':>9}{'RTF':>7}  text")
+    for lang, text, ttfa, dur, wall in results:
+        line = f"{lang:<5}{ttfa * 1000:>7.0f}ms{dur:>8.2f}s{wall:>8.2f}s{wall / dur:>7.2f}"
+        print(f"{line}  {text}")
+    print(f"\nwrote {out} ({len(pcm) // 2 / SAMPLE_RATE:.2f} s, 24 kHz mono 16-bit)")
+    print(
+        "TTFA = text packet sent by LLaMA -> first audio packet at OAP; "
+        "RTF = wall time to the last audio packet / audio duration"
+    )
+    return 0
+
+
+async def amain(args: argparse.Namespace, ports: dict[str, int]) -> int:
     oap = FakeOap()
     servers = [
         await asyncio.start_server(oap.on_mgmt, "127.0.0.1", ports["oap_mgmt"]),
         await asyncio.start_server(oap.on_data, "127.0.0.1", ports["oap_data"]),
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    log_dir = Path(args.out).parent
-    log_dir.mkdir(parents=True, exist_ok=True)
-    dock_log = open(log_dir / "dock.log", "wb")  # noqa: SIM115
-    engine_log = open(log_dir / "kokoro.log", "wb")  # noqa: SIM115
-    exe = [sys.executable, "-m", "ttsdock"]
-    dock = subprocess.Popen(
-        [*exe, "serve",
-         "--llama-mgmt-port", str(ports["llama_mgmt"]), "--llama-data-port", str(ports["llama_data"]),
-         "--cmd-port", str(ports["cmd"]), "--dock-port", str(ports["dock"]),
-         "--oap-mgmt-port", str(ports["oap_mgmt"]), "--oap-data-port", str(ports["oap_data"])],
-        stdout=dock_log, stderr=subprocess.STDOUT, env=env,
-    )
-    engine_cmd = [*exe, "kokoro", "--dock-port", str(ports["dock"]),
-                  "--cmd-port", str(ports["engine_cmd"])]
-    if args.models_dir:
-        engine_cmd += ["--models-dir", args.models_dir]
-    if args.voice:
-        engine_cmd += ["--voice", args.voice]
-    t_start = time.monotonic()
-    engine = subprocess.Popen(engine_cmd, stdout=engine_log, stderr=subprocess.STDOUT, env=env)
-    procs = [engine, dock]
+    procs = await asyncio.to_thread(start_processes, args, ports)
     try:
-        print(f"dock and kokoro engine starting (logs in {log_dir}/dock.log, kokoro.log) ...")
-
-        async def docked() -> bool:
-            for p in procs:
-                if p.poll() is not None:
-                    raise RuntimeError(f"{p.args[3]} exited with status {p.returncode}; see logs")
-            return (await ctl(ports["cmd"], "STATUS")).startswith("ACTIVE")
-
-        await wait_for(docked, args.timeout, "the Kokoro engine to dock")
-        print(f"engine docked after {time.monotonic() - t_start:.1f} s "
-              f"(model assembly, load and warm-up)")
-        await asyncio.wait_for(oap.data_connected.wait(), 10)
-
-        _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
-        _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
-        results = []
-        for i, (lang, text) in enumerate(SENTENCES, start=1):
-            call = oap.calls.setdefault(i, CallAudio())
-            call.sent_at = time.monotonic()
-            data_w.write(encode_frame(encode_packet(Packet(i, text.encode()))))
-            await data_w.drain()
-            # The utterance is complete when audio has stopped for a while.
-            async def finished(c: CallAudio = call) -> bool:
-                return c.last_at is not None and time.monotonic() - c.last_at > args.quiet
-            await wait_for(finished, args.timeout, f"audio for sentence {i}")
-            mgmt_w.write(encode_frame(encode_mgmt(CallEnd(i))))
-            await mgmt_w.drain()
-            assert call.first_at is not None and call.last_at is not None
-            dur = call.samples / SAMPLE_RATE
-            ttfa = call.first_at - call.sent_at
-            wall = call.last_at - call.sent_at
-            results.append((lang, text, ttfa, dur, wall))
-        for w in (mgmt_w, data_w):
-            w.close()
-
-        pcm = bytearray()
-        gap = struct.pack("<h", 0) * (SAMPLE_RATE // 2)
-        for i in range(1, len(SENTENCES) + 1):
-            for chunk in oap.calls[i].chunks:
-                floats = struct.unpack(f"<{len(chunk) // 4}f", chunk)
-                pcm += struct.pack(f"<{len(floats)}h",
-                                   *(max(-32768, min(32767, int(x * 32767))) for x in floats))
-            pcm += gap
-        out = Path(args.out)
-        with wave.open(str(out), "wb") as wav:
-            wav.setnchannels(1)
-            wav.setsampwidth(2)
-            wav.setframerate(SAMPLE_RATE)
-            wav.writeframes(bytes(pcm))
-        print()
-        print(f"{'lang':<5}{'TTFA':>9}{'audio':>9}{'wall':>9}{'RTF':>7}  text")
-        for lang, text, ttfa, dur, wall in results:
-            print(f"{lang:<5}{ttfa * 1000:>7.0f}ms{dur:>8.2f}s{wall:>8.2f}s{wall / dur:>7.2f}  {text}")
-        print(f"\nwrote {out} ({len(pcm) // 2 / SAMPLE_RATE:.2f} s, 24 kHz mono 16-bit)")
-        print("TTFA = text packet sent by LLaMA -> first audio packet at OAP; "
-              "RTF = wall time to last audio packet / audio duration")
-        return 0
+        return await run(args, ports, procs, oap)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        await asyncio.to_thread(stop_processes, procs)
         for s in servers:
             s.close()
-        print(f"stopped: engine exit {engine.returncode}, dock exit {dock.returncode}")
+        names = ("dock", "engine")
+        codes = ", ".join(f"{n} exit {p.returncode}" for n, p in zip(names, procs, strict=True))
+        print(f"stopped: {codes}")
 
 
 def main() -> int:
@@ -227,11 +268,24 @@ def main() -> int:
     p.add_argument("--models-dir", default=os.environ.get("WHISPERTALK_MODELS_DIR", "models"))
     p.add_argument("--voice", default=None)
     p.add_argument("--timeout", type=float, default=180.0)
-    p.add_argument("--quiet", type=float, default=2.0,
-                   help="seconds without audio that end an utterance")
+    p.add_argument(
+        "--quiet", type=float, default=2.0, help="seconds without audio that end an utterance"
+    )
     args = p.parse_args()
+    ports = {
+        name: free_port()
+        for name in (
+            "llama_mgmt",
+            "llama_data",
+            "cmd",
+            "dock",
+            "oap_mgmt",
+            "oap_data",
+            "engine_cmd",
+        )
+    }
     try:
-        return asyncio.run(run(args))
+        return asyncio.run(amain(args, ports))
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
