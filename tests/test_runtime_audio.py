@@ -142,7 +142,7 @@ def test_fade_in_helper_offsets() -> None:
 
 @given(
     st.lists(
-        st.tuples(st.integers(0, 6000), st.floats(0.0, 3.0)),
+        st.tuples(st.integers(0, 6000), st.floats(0.0, 3.0, allow_subnormal=False)),
         min_size=1,
         max_size=8,
     ),
