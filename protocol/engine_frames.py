@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from protocol.errors import ProtocolError
-from protocol.framing import NEED_DATA, NeedData
+from protocol.framing import NEED_DATA, NeedData, ReceiveBuffer
 from protocol.mgmt import (
     MAX_CUSTOM_ENGINE,
     MgmtMessage,
@@ -41,29 +41,14 @@ def encode_engine_frame(event: EngineEvent) -> bytes:
     return bytes((TAG_MGMT,)) + encode_mgmt(event, max_custom=MAX_CUSTOM_ENGINE)
 
 
-class EngineFrameDecoder:
+class EngineFrameDecoder(ReceiveBuffer):
     """Incremental decoder for the tagged stream: ``feed``, then ``next_event`` until NEED_DATA.
 
     Bounded: it never buffers more than one maximal frame (1 + 8 + 1 MiB) plus
-    what one ``feed`` brought. Linear: consumed bytes are skipped by an offset
-    and compacted once per ``feed``.
+    what one ``feed`` brought (see ``ReceiveBuffer``).
     """
 
-    __slots__ = ("_buf", "_pos")
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._pos = 0
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos
+    __slots__ = ()
 
     def next_event(self) -> EngineEvent | NeedData:
         buf, pos = self._buf, self._pos

@@ -42,13 +42,15 @@ def encode_frame(body: bytes) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
-class FrameDecoder:
-    """Incremental decoder: ``feed(bytes)``, then ``next_body()`` until ``NEED_DATA``.
+class ReceiveBuffer:
+    """The byte buffer under every incremental decoder: ``feed`` appends, decoders consume
+    by moving ``_pos``.
 
     Linear in the bytes processed: consumed bytes are only skipped by moving
     an offset, and the buffer is compacted once per ``feed`` (amortised), so a
-    peer trickling bytes cannot make parsing quadratic. The buffer never holds
-    more than one maximal frame plus one read's worth of bytes.
+    peer trickling bytes cannot make parsing quadratic. Decoders consume every
+    complete frame before the next ``feed``, so the buffer never holds more than
+    one maximal frame plus one read's worth of bytes.
     """
 
     __slots__ = ("_buf", "_pos")
@@ -66,6 +68,12 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos
+
+
+class FrameDecoder(ReceiveBuffer):
+    """Incremental decoder: ``feed(bytes)``, then ``next_body()`` until ``NEED_DATA``."""
+
+    __slots__ = ()
 
     def next_body(self) -> bytes | NeedData:
         buf, pos = self._buf, self._pos
