@@ -24,6 +24,9 @@ Usage:
   python benchmarks/qwen3_speed.py --config 1.7b --device cuda --dtype bfloat16 --frames 64
   .dev/oracle-venv/bin/python benchmarks/qwen3_speed.py --official-only --config 0.6b
       (the official qwen_tts model, same shapes, random weights, for comparison)
+  PYTHONPATH=.:<dir with gguf+structlog> .dev/oracle-venv/bin/python \
+      benchmarks/qwen3_speed.py --compare --config tiny --frames 64 --repeat 9
+      (ours and official interleaved in one process: same load, ratio of medians)
 """
 
 from __future__ import annotations
@@ -433,10 +436,8 @@ def official_available() -> bool:
     return importlib.util.find_spec("qwen_tts") is not None
 
 
-def run_official(
-    shape: Shape, *, device: str, dtype: str, frames: int, repeat: int
-) -> dict[str, Any]:
-    """The official ``Qwen3TTSForConditionalGeneration.generate`` on the same shapes."""
+def build_official(shape: Shape, *, device: str, dtype: str) -> tuple[Any, float]:
+    """The official model with random weights: ``(once(frames) -> (n, wall_ms), build_s)``."""
     try:
         import torchaudio  # noqa: F401
     except Exception:
@@ -514,8 +515,8 @@ def run_official(
         [[151644, ASSISTANT_ID, 198, *text_ids, 151645, 198, 151644, ASSISTANT_ID, 198]]
     )
     ids = ids.to(device)
-    out: list[dict[str, float]] = []
-    for r in range(repeat + 1):
+
+    def once(frames: int) -> tuple[int, float]:
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -538,8 +539,19 @@ def run_official(
             )
         if device == "cuda":
             torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) * 1e3
-        n = int(codes[0].shape[0])
+        return int(codes[0].shape[0]), (time.perf_counter() - start) * 1e3
+
+    return once, build_s
+
+
+def run_official(
+    shape: Shape, *, device: str, dtype: str, frames: int, repeat: int
+) -> dict[str, Any]:
+    """The official ``Qwen3TTSForConditionalGeneration.generate`` on the same shapes."""
+    once, build_s = build_official(shape, device=device, dtype=dtype)
+    out: list[dict[str, float]] = []
+    for r in range(repeat + 1):
+        n, wall = once(frames)
         fps = n / (wall / 1e3)
         tag = "warm-up" if r == 0 else f"run {r}"
         print(
@@ -558,6 +570,73 @@ def run_official(
         "median": {
             "frames_per_s": round(statistics.median(o["frames_per_s"] for o in out), 3),
             "x_realtime": round(statistics.median(o["frames_per_s"] for o in out) / 12.5, 3),
+        },
+    }
+
+
+def run_compare(
+    shape: Shape, *, work: Path, device: str, dtype: str, frames: int, repeat: int, text: str
+) -> dict[str, Any]:
+    """Ours (codes only, no vocoder) and the official model, runs interleaved in one process.
+
+    Both see the same load; the ratio of the medians is the number to quote.
+    """
+    import torch
+
+    from engines.qwen3.engine import Qwen3TtsEngine
+    from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths
+    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+
+    threads = torch.get_num_threads()
+    gguf_path = write_random_model(work / shape.name, shape)
+    paths = ModeModelPaths.from_files(gguf_path, vocoder_onnx=work / shape.name / VOCODER_FILE)
+    engine = Qwen3TtsEngine.load_mode(paths, QtsMode.CustomVoice, device=device, dtype=dtype)
+    ours_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the official model keeps the process default
+    official, _ = build_official(shape, device=device, dtype=dtype)
+    ours_fps: list[float] = []
+    off_fps: list[float] = []
+    for r in range(repeat + 1):
+        req = ModeSynthesizeRequest(
+            text=text,
+            speaker=PresetSpeaker.Vivian,
+            max_frames=frames,
+            seed=r,
+            language="english",
+        )
+        torch.set_num_threads(ours_threads)
+        t0 = time.perf_counter()
+        codes, _ = engine.generate_codes(req)
+        wall = time.perf_counter() - t0
+        torch.set_num_threads(threads)
+        n_off, wall_off = official(frames)
+        if r == 0:
+            continue  # warm-up pair
+        ours_fps.append(codes.shape[0] / wall)
+        off_fps.append(n_off / (wall_off / 1e3))
+        print(
+            f"  pair {r}: ours {ours_fps[-1]:8.2f} frames/s ({ours_threads} thr)   "
+            f"official {off_fps[-1]:7.2f} frames/s ({threads} thr)   "
+            f"ratio {ours_fps[-1] / off_fps[-1]:6.2f}",
+            flush=True,
+        )
+    ours_m, off_m = statistics.median(ours_fps), statistics.median(off_fps)
+    pair_ratios = [a / b for a, b in zip(ours_fps, off_fps, strict=True)]
+    return {
+        "engine": "compare",
+        "config": shape.name,
+        "device": device,
+        "dtype": dtype,
+        "ours_threads": ours_threads,
+        "official_threads": threads,
+        "ours_fps": ours_fps,
+        "official_fps": off_fps,
+        "median": {
+            "frames_per_s": round(ours_m, 3),
+            "official_frames_per_s": round(off_m, 3),
+            "ratio": round(ours_m / off_m, 3),
+            "ratio_of_pairs": round(statistics.median(pair_ratios), 3),
+            "x_realtime": round(ours_m / 12.5, 3),
         },
     }
 
@@ -581,6 +660,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--official", action="store_true", help="also run the official qwen_tts model")
     ap.add_argument("--official-only", action="store_true", help="only the official model")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="ours (codes only) and official, interleaved pairs in one process (oracle venv)",
+    )
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
     a = ap.parse_args(argv)
     names = list(SHAPES) if a.config == "all" else [c.strip() for c in a.config.split(",")]
@@ -600,6 +684,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in names:
             shape = SHAPES[n]
+            if a.compare:
+                if not official_available():
+                    ap.error("--compare needs the official qwen_tts package (oracle venv)")
+                print(f"== ours vs official qwen_tts, interleaved, {n}, {a.device}, {a.dtype}")
+                results.append(
+                    run_compare(
+                        shape,
+                        work=work,
+                        device=a.device,
+                        dtype=a.dtype,
+                        frames=a.frames,
+                        repeat=a.repeat,
+                        text=a.text,
+                    )
+                )
+                print("  median:", json.dumps(results[-1]["median"]), flush=True)
+                continue
             if not a.official_only:
                 print(f"== ttsdock qwen3 engine, {n}, {a.device}, {a.dtype}, {a.frames} frames")
                 results.append(
@@ -635,6 +736,14 @@ def main(argv: list[str] | None = None) -> int:
     print("== summary")
     for r in results:
         m = r["median"]
+        if r["engine"] == "compare":
+            print(
+                f"  ours vs official   {r['config']:5s} {r['device']:4s} {r['dtype']:8s} "
+                f"ours={m['frames_per_s']:.2f} official={m['official_frames_per_s']:.2f} "
+                f"frames/s  ratio={m['ratio']:.2f} (median of pair ratios "
+                f"{m['ratio_of_pairs']:.2f})"
+            )
+            continue
         extra = (
             f" ttfa={m['ttfa_ms']:.0f}ms (frame1 {m['frame1_ms']:.0f}ms, frame2 "
             f"{m['frame2_ms']:.0f}ms) rtf={m['rtf']:.3f}"

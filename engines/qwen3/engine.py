@@ -8,6 +8,14 @@ embeddings + the next trailing text row (or ``tts_pad``).
 
 The vocoder is not part of this module: ``iter_frames`` yields int64 ``[16]``
 frames as they are made, ``generate_codes`` returns them stacked.
+
+Speed paths (all give the greedy codes of the plain torch path):
+* draws are Gumbel-max on device (no probability tensor, no multinomial, no host
+  sync); a frame costs one host copy (its 16 codes);
+* small float32 CPU models (width <= 256) run single-row steps in numpy
+  (``NumpyStep``), where per-call overhead is the whole cost;
+* on CUDA the frame (code 0 + 15 predictor steps) and the talker step are captured
+  as CUDA graphs (``_CudaGraphRunner``), with an eager fallback.
 """
 
 from __future__ import annotations
@@ -24,11 +32,10 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 import torch
-import torch.nn.functional as F
 
 from engines.qwen3.errors import Qwen3TtsError, RequestError
 from engines.qwen3.gguf_model import GgufBundle, ModelMetadata, load_weights, read_metadata
-from engines.qwen3.model import TtsModel
+from engines.qwen3.model import NumpyStep, TtsModel
 from engines.qwen3.prompt import IclPrompt, PromptLayout, build_layout
 from engines.qwen3.request import (
     ModeSynthesizeRequest,
@@ -82,23 +89,45 @@ class PreparedPrompt:
 def _sample(
     logits: Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator
 ) -> Tensor:
-    """HF warper order: temperature, top-k, top-p, then one multinomial draw (0-d long)."""
-    scores = logits.float() / temperature
+    """HF warper order: temperature, top-k, top-p, then one draw (0-d long, on device).
+
+    The draw is Gumbel-max (``argmax(scores/T + g)``, ``g = -log(Exp(1))``), the same
+    distribution as softmax + multinomial, without a host sync or a probability tensor.
+    """
+    scores = logits.reshape(-1).float()
+    gumbel = _gumbel(1, _k(top_k, scores.shape[0]), scores.device, gen)[0]
+    return _draw(scores, temperature, top_k, top_p, gumbel)
+
+
+def _draw(scores: Tensor, temperature: float, top_k: int, top_p: float, gumbel: Tensor) -> Tensor:
+    """One sample from float32 ``scores [V]`` with Gumbel noise ``[k]`` (k = top-k or V)."""
     idx: Tensor | None = None
-    if 0 < top_k < scores.shape[-1]:
+    if 0 < top_k < scores.shape[0]:
         scores, idx = torch.topk(scores, top_k)  # sorted, descending
     if top_p < 1.0:
         if idx is None:
             scores, idx = torch.sort(scores, descending=True)
-        probs = torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores / temperature, dim=-1)
         # Drop the tail whose cumulative mass (from the bottom) is <= 1 - top_p; keep >= 1.
         rev_cum = torch.flip(torch.cumsum(torch.flip(probs, (0,)), 0), (0,))
         remove = rev_cum <= (1.0 - top_p)
         remove[0] = False
         scores = scores.masked_fill(remove, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    choice = torch.multinomial(probs, 1, generator=gen)[0]
-    return idx[choice] if idx is not None else choice
+    # argmax(s/T + g) == argmax(s + T*g) for T > 0
+    choice = torch.argmax(torch.add(scores, gumbel, alpha=temperature))
+    # index_select, not idx[choice]: a 0-d tensor index may be read back to the host
+    return idx.index_select(0, choice.view(1)).view(()) if idx is not None else choice
+
+
+def _k(top_k: int, n: int) -> int:
+    """Candidates a draw looks at: top-k when it restricts, else the whole vocabulary."""
+    return top_k if 0 < top_k < n else n
+
+
+def _gumbel(rows: int, k: int, device: torch.device, gen: torch.Generator) -> Tensor:
+    """``[rows, k]`` standard Gumbel noise, ``-log(Exp(1))`` (finite: Exp clamped > 0)."""
+    e = torch.empty((rows, k), dtype=torch.float32, device=device).exponential_(generator=gen)
+    return e.clamp_min_(1e-30).log_().neg_()
 
 
 class Qwen3TtsEngine:
@@ -128,6 +157,26 @@ class Qwen3TtsEngine:
         self._suppress = sup
         self._suppress_eos = sup.clone()
         self._suppress_eos[self._eos] = float("-inf")
+        #: Capture the talker step and the frame (code 0 + 15 predictor steps) as CUDA
+        #: graphs when the model is on a GPU (eager fallback when capture fails).
+        self.cuda_graphs = model.device.type == "cuda" and os.environ.get(
+            "TTSDOCK_QWEN3_CUDA_GRAPHS", "1"
+        ) not in ("0", "false", "no")
+        self._graphs: dict[tuple[Any, ...], _CudaGraphRunner] = {}
+        #: Small float32 CPU models run the predictor's single-row steps in numpy (its
+        #: per-call overhead is a third of torch's; see ``NumpyStep``).
+        self._np_cp: tuple[NumpyStep, npt.NDArray[np.float32], npt.NDArray[np.float32]] | None
+        self._np_cp = None
+        if (
+            model.device.type == "cpu"
+            and model.dtype == torch.float32
+            and model.cp.width <= SMALL_MODEL_WIDTH
+            and os.environ.get("TTSDOCK_QWEN3_NUMPY_CP", "1") not in ("0", "false", "no")
+        ):
+            self._np_cp = (NumpyStep(model.cp), model.cp_heads_t.numpy(), model.cp_embd_in.numpy())
+        self._np_talker: NumpyStep | None = None
+        if self._np_cp is not None and model.talker.width <= SMALL_MODEL_WIDTH:
+            self._np_talker = NumpyStep(model.talker)
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -373,7 +422,9 @@ class Qwen3TtsEngine:
 
         ``cancel`` is polled before every frame; when it returns True the
         generator raises ``SynthesisCancelled``. ``self.timings`` holds the
-        per-stage milliseconds (prefill, talker, code_predictor) when it ends.
+        per-stage milliseconds (prefill, talker, code_predictor) when it ends
+        (on CUDA the split between the stages is approximate: nothing waits for
+        the device except the one copy of each finished frame to the host).
         """
         t_start = time.perf_counter()
         prep = self.prepare(req)
@@ -384,21 +435,27 @@ class Qwen3TtsEngine:
             gen.manual_seed(int(req.seed))
         else:
             gen.seed()
-        tc = self.meta.talker
-        n_groups = tc.num_code_groups - 1
+        n_groups = self.meta.talker.num_code_groups - 1
         max_frames = req.max_frames
-        penalty = float(req.repetition_penalty)
-        greedy, cp_greedy = req.greedy, req.cp_greedy
         timings = {"prefill": 0.0, "talker": 0.0, "code_predictor": 0.0, "frames": 0.0}
         self.timings = timings
         n_trailing = prep.trailing.shape[0]
+        # On the CPU the EOS check costs nothing, so it runs before the predictor; on a GPU
+        # the frame is made without waiting and the EOS check rides on the frame's copy.
+        early_eos = dev.type != "cuda"
         with torch.inference_mode():
-            cache = m.talker.new_cache(prep.rows.shape[0] + max_frames)
+            n_rows = prep.rows.shape[0]
+            graphs = self._graph_runner(req, n_rows + max_frames)
+            if graphs is not None:
+                yield from graphs.run(prep, req, gen, cancel, t_start)
+                timings["total"] = (time.perf_counter() - t_start) * 1e3
+                return
+            cache = m.talker.new_cache(n_rows + max_frames)
             cp_cache = m.cp.new_cache(n_groups + 2)
-            h = m.talker.forward(prep.rows, 0, cache)[-1]
-            pos = prep.rows.shape[0]
+            h = m.talker.forward(prep.rows, 0, cache)[-1:]
+            pos = n_rows
             seen = torch.zeros(self._vocab, dtype=torch.bool, device=dev)
-            codes = torch.empty(n_groups, dtype=torch.long, device=dev)
+            frame_t = torch.empty(n_groups + 1, dtype=torch.long, device=dev)
             t_now = time.perf_counter()
             timings["prefill"] = (t_now - t_start) * 1e3
             frame_i = 0
@@ -406,65 +463,165 @@ class Qwen3TtsEngine:
                 if cancel is not None and cancel():
                     raise SynthesisCancelled()
                 t0 = time.perf_counter()
-                logits = F.linear(h, m.codec_head).float()
-                if penalty != 1.0:
-                    logits = torch.where(
-                        seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits
-                    )
-                logits = logits + (self._suppress_eos if frame_i < 2 else self._suppress)
-                if greedy:
-                    code0_t = torch.argmax(logits)
-                else:
-                    code0_t = _sample(logits, req.temperature, req.top_k, req.top_p, gen)
-                code0 = int(code0_t)
+                sup = self._suppress_eos if frame_i < 2 else self._suppress
+                code0_t = self._code0(h, seen, sup, req, gen)
+                if early_eos and int(code0_t) == self._eos:
+                    timings["talker"] += (time.perf_counter() - t0) * 1e3
+                    break
                 t1 = time.perf_counter()
                 timings["talker"] += (t1 - t0) * 1e3
-                if code0 == self._eos:
-                    break
-                seen[code0] = True
-                self._predict_codes(h, code0, cp_cache, codes, req, cp_greedy, gen)
-                frame = np.empty(n_groups + 1, dtype=np.int64)
-                frame[0] = code0
-                frame[1:] = codes.cpu().numpy()
+                frame_t[0] = code0_t
+                self._predict_codes(h, code0_t, cp_cache, frame_t[1:], req, req.cp_greedy, gen)
+                seen.index_fill_(0, code0_t.view(1), True)
+                frame = frame_t.cpu().numpy().copy()  # the frame's one host copy
                 t2 = time.perf_counter()
                 timings["code_predictor"] += (t2 - t1) * 1e3
+                if frame[0] == self._eos:
+                    break
                 frame_i += 1
                 timings["frames"] = float(frame_i)
                 yield frame
                 if frame_i >= max_frames:
                     break
                 t3 = time.perf_counter()
-                x = m.frame_embedding(torch.from_numpy(frame).to(dev))
+                x = m.frame_embedding(frame_t)
                 x = x + (prep.trailing[frame_i - 1] if frame_i - 1 < n_trailing else prep.tts_pad)
-                h = m.talker.forward(x.unsqueeze(0), pos, cache)[-1]
+                if self._np_talker is not None and pos < cache.length:
+                    out = self._np_talker(x.numpy(), pos, cache.kv.numpy())
+                    h = torch.from_numpy(out).view(1, -1)
+                else:
+                    h = m.talker.forward(x.unsqueeze(0), pos, cache)
                 pos += 1
                 timings["talker"] += (time.perf_counter() - t3) * 1e3
         timings["total"] = (time.perf_counter() - t_start) * 1e3
 
+    def _code0(
+        self,
+        h: Tensor,
+        seen: Tensor,
+        suppress: Tensor,
+        req: ModeSynthesizeRequest,
+        gen: torch.Generator | None,
+        gumbel: Tensor | None = None,
+    ) -> Tensor:
+        """Codebook-0 id (0-d long, on device) from the talker's last normed row ``h [1, H]``.
+
+        Repetition penalty over ``seen``, then ``suppress`` (ids 2048.. and, early, EOS),
+        then argmax or a draw (``gumbel`` noise given, or made from ``gen``).
+        """
+        m = self.model
+        logits = torch.mm(h.view(1, -1), m.codec_head_t).view(-1).float()
+        p = float(req.repetition_penalty)
+        if p != 1.0:
+            logits = torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
+        logits = logits + suppress
+        if req.greedy:
+            return torch.argmax(logits)
+        if gumbel is None:
+            assert gen is not None
+            return _sample(logits, req.temperature, req.top_k, req.top_p, gen)
+        return _draw(logits, req.temperature, req.top_k, req.top_p, gumbel)
+
     def _predict_codes(
         self,
         h: Tensor,
-        code0: int,
+        code0: int | Tensor,
         cache: Any,
         out: Tensor,
         req: ModeSynthesizeRequest,
         greedy: bool,
-        gen: torch.Generator,
+        gen: torch.Generator | None,
+        gumbel: Tensor | None = None,
     ) -> None:
-        """The 15 code-predictor steps of one frame, written into ``out`` (no host sync)."""
+        """The 15 code-predictor steps of one frame, written into ``out`` (no host sync).
+
+        ``h`` is the talker's last normed row; ``code0`` the frame's codebook-0 id (an int
+        or a device tensor). Sampling noise for all 15 steps is drawn once (``gumbel``
+        ``[15, k]`` when given, e.g. a CUDA-graph input).
+        """
         m = self.model
+        if self._np_cp is not None and gumbel is None and (greedy or req.subtalker_top_p >= 1.0):
+            self._predict_codes_np(h, code0, cache, out, req, greedy, gen)
+            return
         cp = m.cp
-        x = torch.stack((m.project_to_predictor(h), m.codec_embd_in[code0]))
-        hid = cp.forward(x, 0, cache)[-1]
+        c0 = code0.view(1) if isinstance(code0, Tensor) else torch.tensor([code0], device=m.device)
+        x = torch.cat((m.project_to_predictor(h.view(1, -1)), m.codec_embd_in.index_select(0, c0)))
+        hid = cp.forward(x, 0, cache)[-1:]
         n_groups = out.shape[0]
         temp, top_k, top_p = req.subtalker_temperature, req.subtalker_top_k, req.subtalker_top_p
+        if not greedy and gumbel is None:
+            assert gen is not None
+            gumbel = _gumbel(n_groups, _k(top_k, int(m.cp_heads_t.shape[2])), m.device, gen)
+        heads, embd, step = m.cp_heads_t, m.cp_embd_in, cp.step
         for g in range(n_groups):
-            logits = F.linear(hid, m.cp_heads[g])
-            c = torch.argmax(logits) if greedy else _sample(logits, temp, top_k, top_p, gen)
+            logits = torch.mm(hid, heads[g]).view(-1)
+            if greedy:
+                c = torch.argmax(logits)
+            else:
+                assert gumbel is not None
+                c = _draw(logits, temp, top_k, top_p, gumbel[g])
             out[g] = c
             if g + 1 < n_groups:
-                x = m.cp_embd_in[g].index_select(0, c.view(1))
-                hid = cp.forward(x, g + 2, cache)[-1]
+                hid = step(embd[g].index_select(0, c.view(1)), g + 2, cache)
+
+    def _predict_codes_np(
+        self,
+        h: Tensor,
+        code0: int | Tensor,
+        cache: Any,
+        out: Tensor,
+        req: ModeSynthesizeRequest,
+        greedy: bool,
+        gen: torch.Generator | None,
+    ) -> None:
+        """``_predict_codes`` with the 14 single-row steps in numpy (small CPU models).
+
+        The 2-row predictor prefill runs as two single-row steps; top-p < 1 never comes here.
+        """
+        m = self.model
+        step, heads, embd = self._np_cp  # type: ignore[misc]
+        kv = cache.kv.numpy()
+        hid = step(m.project_to_predictor(h.view(1, -1))[0].numpy(), 0, kv)
+        hid = step(m.codec_embd_in[int(code0)].numpy(), 1, kv)
+        n_groups = out.shape[0]
+        codes = out.numpy()
+        gum: npt.NDArray[np.float32] | None = None
+        top_k, temp = req.subtalker_top_k, np.float32(req.subtalker_temperature)
+        n = heads.shape[2]
+        k = _k(top_k, n)
+        if not greedy:
+            assert gen is not None
+            gum = _gumbel(n_groups, k, m.device, gen).numpy() * temp
+        for g in range(n_groups):
+            logits = hid @ heads[g]
+            if gum is None:
+                c = int(logits.argmax())
+            elif k < n:
+                cand = np.argpartition(logits, n - k)[n - k :]
+                c = int(cand[(logits[cand] + gum[g]).argmax()])
+            else:
+                c = int((logits + gum[g]).argmax())
+            codes[g] = c
+            if g + 1 < n_groups:
+                hid = step(embd[g, c], g + 2, kv)
+
+    def _graph_runner(self, req: ModeSynthesizeRequest, length: int) -> _CudaGraphRunner | None:
+        """The CUDA-graph frame loop for ``req`` (None: run eagerly; always None on CPU)."""
+        if not self.cuda_graphs or self.model.device.type != "cuda":
+            return None
+        key = _CudaGraphRunner.key_for(req, length)
+        runner = self._graphs.get(key)
+        if runner is None:
+            try:
+                runner = _CudaGraphRunner(self, req, length)
+            except Exception as e:  # capture is an optimisation: fall back to eager
+                log.warning("cuda_graphs_disabled", engine="qwen3", error=repr(e))
+                self.cuda_graphs = False
+                return None
+            while len(self._graphs) >= 4:  # each set holds a talker KV cache: keep a few
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = runner
+        return runner
 
     def generate_codes(
         self, req: ModeSynthesizeRequest, *, cancel: Callable[[], bool] | None = None
@@ -513,3 +670,154 @@ def measure_frames_per_second(
         "code_predictor_ms": last.get("code_predictor", 0.0),
         "ms_per_frame": 1e3 / max(fps) if max(fps) > 0 else 0.0,
     }
+
+
+def _bucket(length: int, least: int = 4096) -> int:
+    """Talker-cache capacity for graphs: a power of two >= 4096, so a short warm-up and the
+    default 2048-frame requests share one capture."""
+    cap = least
+    while cap < length:
+        cap *= 2
+    return cap
+
+
+def _capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream, then record it as a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+class _CudaGraphRunner:
+    """The frame loop as two CUDA graphs, for one sampling setup and talker-cache size.
+
+    * frame graph: codebook-0 logits, repetition penalty, suppression and draw; the 15
+      code-predictor steps (static positions, fresh 17-slot cache) with their draws;
+      the frame's embedding sum (the next talker input less its text row).
+    * talker graph: one decode step at the position held in a device tensor, attending
+      over the whole static cache with a -inf bias after that position.
+
+    Everything between the graphs is a handful of eager kernels: the seeded Gumbel
+    noise for the next frame (drawn into static buffers before each replay, so a seed
+    still fixes the output), the text row add and the position fill. The host waits
+    once per frame, for the 16 codes. The prefill runs eagerly into the static cache.
+    Not exercised in CI (no GPU there): any capture error falls back to the eager loop.
+    """
+
+    def __init__(
+        self,
+        eng: Qwen3TtsEngine,
+        req: ModeSynthesizeRequest,
+        length: int,
+        capture: Callable[[Callable[[], None]], Any] = _capture,
+    ) -> None:
+        m = eng.model
+        dev, dt = m.device, m.dtype
+        self.eng = eng
+        self.req = req
+        self.cap = _bucket(length)
+        n_groups = eng.meta.talker.num_code_groups - 1
+        width = eng.meta.talker.hidden_size
+        self.cache = m.talker.new_cache(self.cap)
+        self.cp_cache = m.cp.new_cache(n_groups + 2)
+        self.h = torch.zeros((1, width), device=dev, dtype=dt)
+        self.x = torch.zeros((1, width), device=dev, dtype=dt)
+        self.next = torch.zeros((1, width), device=dev, dtype=dt)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.arange = torch.arange(self.cap, device=dev)
+        self.seen = torch.zeros(eng._vocab, dtype=torch.bool, device=dev)
+        self.sup = eng._suppress_eos.clone()
+        self.frame = torch.zeros(n_groups + 1, dtype=torch.long, device=dev)
+        self.g0 = torch.zeros(_k(req.top_k, eng._vocab), device=dev)
+        n_cp = int(m.cp_heads_t.shape[2])
+        self.gcp = torch.zeros((n_groups, _k(req.subtalker_top_k, n_cp)), device=dev)
+        self.frame_graph = capture(self._frame_body)
+        self.talker_graph = capture(self._talker_body)
+
+    @staticmethod
+    def key_for(req: ModeSynthesizeRequest, length: int) -> tuple[Any, ...]:
+        return (
+            _bucket(length),
+            req.greedy,
+            req.cp_greedy,
+            req.temperature,
+            req.top_k,
+            req.top_p,
+            req.subtalker_temperature,
+            req.subtalker_top_k,
+            req.subtalker_top_p,
+            req.repetition_penalty,
+        )
+
+    def _frame_body(self) -> None:
+        eng, req = self.eng, self.req
+        code0 = eng._code0(self.h, self.seen, self.sup, req, None, self.g0)
+        self.frame[:1].copy_(code0.view(1))
+        eng._predict_codes(
+            self.h, code0, self.cp_cache, self.frame[1:], req, req.cp_greedy, None, self.gcp
+        )
+        self.seen.index_fill_(0, code0.view(1), True)
+        self.next.copy_(eng.model.frame_embedding(self.frame).view(1, -1))
+
+    def _talker_body(self) -> None:
+        bias = torch.where(self.arange <= self.pos, 0.0, float("-inf"))
+        self.h.copy_(self.eng.model.talker.step_at(self.x, self.pos, self.cache, bias))
+
+    @staticmethod
+    def _fill_gumbel(buf: Tensor, gen: torch.Generator) -> None:
+        buf.exponential_(generator=gen).clamp_min_(1e-30).log_().neg_()
+
+    def run(
+        self,
+        prep: PreparedPrompt,
+        req: ModeSynthesizeRequest,
+        gen: torch.Generator,
+        cancel: Callable[[], bool] | None,
+        t_start: float,
+    ) -> Iterator[npt.NDArray[np.int64]]:
+        eng = self.eng
+        m = eng.model
+        timings = eng.timings
+        n_rows = prep.rows.shape[0]
+        self.h.copy_(m.talker.forward(prep.rows, 0, self.cache)[-1:])
+        self.seen.zero_()
+        self.sup.copy_(eng._suppress_eos)
+        timings["prefill"] = (time.perf_counter() - t_start) * 1e3
+        n_trailing = prep.trailing.shape[0]
+        pos = n_rows
+        frame_i = 0
+        while frame_i < req.max_frames:
+            if cancel is not None and cancel():
+                raise SynthesisCancelled()
+            t0 = time.perf_counter()
+            if frame_i == 2:
+                self.sup.copy_(eng._suppress)
+            if not req.greedy:
+                self._fill_gumbel(self.g0, gen)
+            if not req.cp_greedy:
+                self._fill_gumbel(self.gcp, gen)
+            self.frame_graph.replay()
+            frame = self.frame.cpu().numpy().copy()  # the frame's one host sync
+            t1 = time.perf_counter()
+            timings["code_predictor"] += (t1 - t0) * 1e3
+            if frame[0] == eng._eos:
+                break
+            frame_i += 1
+            timings["frames"] = float(frame_i)
+            yield frame
+            if frame_i >= req.max_frames:
+                break
+            t2 = time.perf_counter()
+            row = prep.trailing[frame_i - 1] if frame_i - 1 < n_trailing else prep.tts_pad
+            torch.add(self.next, row, out=self.x)
+            self.pos.fill_(pos)
+            pos += 1
+            self.talker_graph.replay()
+            timings["talker"] += (time.perf_counter() - t2) * 1e3

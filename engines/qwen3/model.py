@@ -79,35 +79,51 @@ def rope_tables(
     return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
 
 
+def _rope_complex(z: Tensor, cis: Tensor) -> Tensor:
+    zc = torch.view_as_complex(z.view(*z.shape[:-1], -1, 2))
+    return torch.view_as_real(zc * cis).view(z.shape)
+
+
+def _rope_real(z: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    swap = z.view(*z.shape[:-1], -1, 2).flip(-1).view(z.shape)
+    return torch.addcmul(z * cos, swap, sin)
+
+
 @dataclass
 class KVCache:
-    """Preallocated keys/values: ``[layers, kv_heads, length, head_dim]`` each."""
+    """Preallocated keys and values, position-major: ``[layers, length, 2 * kv_heads, head_dim]``.
 
-    k: Tensor
-    v: Tensor
+    Row ``kv[l, p]`` holds the keys (first ``kv_heads`` rows) and then the
+    values of position ``p``, so a decode step writes both with one copy.
+    """
+
+    kv: Tensor
 
     @property
     def length(self) -> int:
-        return int(self.k.shape[2])
+        return int(self.kv.shape[1])
 
 
 @dataclass
 class _Layer:
-    attn_norm: Tensor
-    wqkv: Tensor
-    qk_norm: Tensor  # [n_heads + n_kv_heads, head_dim]: q_norm rows then k_norm rows
-    wo: Tensor
-    ffn_norm: Tensor
-    w_gate_up: Tensor
-    w_down: Tensor
+    wqkv: Tensor  # [H, q+k+v]: attn_norm folded in, pre-transposed for ``mm``/``addmm``
+    qk_norm: Tensor  # [n_heads + n_kv_heads, head_dim]: q_norm rows (x 1/sqrt(d)), k_norm rows
+    wo: Tensor  # [q, H]
+    w_gate_up: Tensor  # [H, 2F]: ffn_norm folded in
+    w_down: Tensor  # [F, H]
 
 
 class DecoderStack:
     """A Qwen3 decoder stack over one sequence (batch 1), with an explicit KV cache.
 
     Per layer the work is: one fused q|k|v matmul, one RMSNorm over all q and k
-    heads at once, RoPE as ``x*cos + roll(x)*sin'`` (bit-identical to
-    rotate-half), the cache write, SDPA, and a fused gate|up SwiGLU.
+    heads at once, RoPE as ``x*cos + roll(x)*sin'`` (rotate-half), one cache
+    write for k and v, attention, and a fused gate|up SwiGLU. The RMSNorm
+    weights that precede a matmul are folded into it (the per-row ``1/rms`` is a
+    scalar, so it is applied to the product), the attention scale and the q/k
+    norm weights are folded into the RoPE factors, and residual adds ride on
+    ``addmm``: one decode row costs about 20 small kernels per layer, which is
+    what bounds tiny models. Multi-row chunks (prefill) use SDPA.
     """
 
     def __init__(
@@ -139,26 +155,44 @@ class DecoderStack:
         def t(a: np.ndarray) -> Tensor:
             return torch.from_numpy(np.array(a, dtype=np.float32)).to(device=device, dtype=dtype)
 
-        self.layers = [
-            _Layer(
-                attn_norm=t(lw.attn_norm),
-                wqkv=t(np.concatenate([lw.q, lw.k, lw.v], axis=0)),
-                qk_norm=t(
-                    np.concatenate(
-                        [np.tile(lw.q_norm, (n_heads, 1)), np.tile(lw.k_norm, (n_kv_heads, 1))]
-                    )
-                ),
-                wo=t(lw.o),
-                ffn_norm=t(lw.ffn_norm),
-                w_gate_up=t(np.concatenate([lw.gate, lw.up], axis=0)),
-                w_down=t(lw.down),
+        def folded(w: np.ndarray, norm: np.ndarray) -> Tensor:
+            # linear(norm_w * xn, W) == linear(xn, W * norm_w): W [out, in] -> [in, out]
+            f = np.asarray(w, dtype=np.float32) * np.asarray(norm, dtype=np.float32)[None, :]
+            return t(np.ascontiguousarray(f.T))
+
+        half = head_dim // 2
+        # RoPE pairs (i, i + d/2) are made adjacent by permuting the q and k rows of every
+        # head alike: q.k is invariant, and RoPE becomes a complex multiply.
+        perm = np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)
+
+        def heads(w: np.ndarray, n: int) -> np.ndarray:
+            w = np.asarray(w, np.float32)
+            return w.reshape(n, head_dim, -1)[:, perm].reshape(n * head_dim, -1)
+
+        self.layers = []
+        for lw in layers:
+            qkn = np.concatenate(
+                [
+                    np.tile(np.asarray(lw.q_norm, np.float32)[perm] * self.scale, (n_heads, 1)),
+                    np.tile(np.asarray(lw.k_norm, np.float32)[perm], (n_kv_heads, 1)),
+                ]
             )
-            for lw in layers
-        ]
+            wqkv = np.concatenate([heads(lw.q, n_heads), heads(lw.k, n_kv_heads), lw.v], axis=0)
+            self.layers.append(
+                _Layer(
+                    wqkv=folded(wqkv, lw.attn_norm),
+                    qk_norm=t(qkn),
+                    wo=t(np.ascontiguousarray(np.asarray(lw.o, np.float32).T)),
+                    w_gate_up=folded(np.concatenate([lw.gate, lw.up], axis=0), lw.ffn_norm),
+                    w_down=t(np.ascontiguousarray(np.asarray(lw.down, np.float32).T)),
+                )
+            )
+        self.ffn = int(self.layers[0].w_down.shape[0]) if self.layers else 0
         self.width = int(final_norm.shape[0])
         self.norm = t(final_norm)
+        self.eps_t = torch.tensor(eps, device=device, dtype=dtype)
         self._max_pos = 0
-        self.cos = self.sin = torch.empty(0)
+        self.cos = self.sin = self.cis = torch.empty(0)
         self.ensure_positions(max_positions)
 
     @property
@@ -168,27 +202,37 @@ class DecoderStack:
     def ensure_positions(self, n: int) -> None:
         if n > self._max_pos:
             size = max(n, 2 * self._max_pos)
-            cos, sin = rope_tables(self.head_dim, self.theta, size, self.device, self.dtype)
+            cos, sin = rope_tables(self.head_dim, self.theta, size, self.device, torch.float32)
             half = self.head_dim // 2
-            # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi] exactly.
-            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-            self.cos, self.sin = cos, sin
+            c, s = cos[:, :half], sin[:, :half]
+            # interleaved pairs (a, b) -> (a*c - b*s, b*c + a*s)
+            self.cis = torch.complex(c, s)  # [P, d/2] complex64 (float32 path)
+            self.cos = torch.stack((c, c), dim=-1).reshape(size, -1).to(self.dtype)
+            self.sin = torch.stack((-s, s), dim=-1).reshape(size, -1).to(self.dtype)
             self._max_pos = size
+
+    def rope(self, z: Tensor, pos: int, end: int) -> Tensor:
+        """RoPE on interleaved pairs of ``z [..., heads, d]`` for rows at ``pos..end-1``."""
+        one = end == pos + 1 and z.dim() == 2
+        if z.dtype == torch.float32:
+            return _rope_complex(z, self.cis[pos] if one else self.cis[pos:end, None])
+        if one:
+            return _rope_real(z, self.cos[pos], self.sin[pos])
+        return _rope_real(z, self.cos[pos:end, None], self.sin[pos:end, None])
 
     def new_cache(self, length: int) -> KVCache:
         self.ensure_positions(length)
-        shape = (self.n_layers, self.n_kv, length, self.head_dim)
-        return KVCache(
-            k=torch.zeros(shape, device=self.device, dtype=self.dtype),
-            v=torch.zeros(shape, device=self.device, dtype=self.dtype),
-        )
+        shape = (self.n_layers, length, 2 * self.n_kv, self.head_dim)
+        return KVCache(kv=torch.zeros(shape, device=self.device, dtype=self.dtype))
 
-    def _norm(self, x: Tensor, w: Tensor) -> Tensor:
-        if x.dtype != torch.float32:
-            return rms_norm(x, w, self.eps)
-        if w.dim() == 1:
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)  # bit-identical in float32
-        return F.rms_norm(x, (x.shape[-1],), None, self.eps) * w
+    def inv_rms(self, x: Tensor) -> Tensor:
+        """``1/sqrt(mean(x^2) + eps)`` over the last dim (keepdim)."""
+        n = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        r = torch.addcmul(self.eps_t.float(), n, n, value=1.0 / x.shape[-1]).rsqrt_()
+        return r if x.dtype == torch.float32 else r.to(x.dtype)
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return x * self.inv_rms(x) * self.norm
 
     def forward(self, x: Tensor, pos: int, cache: KVCache) -> Tensor:
         """Run rows ``x [L, H]`` at positions ``pos..pos+L-1``; return the normed ``[L, H]``."""
@@ -196,40 +240,113 @@ class DecoderStack:
         end = pos + seq
         if end > cache.length:
             raise ValueError(f"KV cache of {cache.length} positions is full (need {end})")
-        cos = self.cos[pos:end].unsqueeze(1)
-        sin = self.sin[pos:end].unsqueeze(1)
         if seq == 1:
+            return self.step(x, pos, cache)
+        if pos == 0:
             mask: Tensor | None = None
-            causal = False
-        elif pos == 0:
-            mask, causal = None, True
+            causal = True
         else:
             i = torch.arange(seq, device=x.device)[:, None]
             j = torch.arange(end, device=x.device)[None, :]
             mask, causal = j <= (i + pos), False
         hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
-        half = hd // 2
-        qd, kd = self.q_dim, self.kv_dim
-        norm = self._norm
-        for li, layer in enumerate(self.layers):
-            qkv = F.linear(norm(x, layer.attn_norm), layer.wqkv)
-            qk = norm(qkv[:, : qd + kd].reshape(seq, nh + nkv, hd), layer.qk_norm)
-            qk = qk * cos + qk.roll(half, -1) * sin
-            cache.k[li, :, pos:end] = qk[:, nh:].transpose(0, 1)
-            cache.v[li, :, pos:end] = qkv[:, qd + kd :].reshape(seq, nkv, hd).transpose(0, 1)
+        qd, kd, ffn = self.q_dim, self.kv_dim, self.ffn
+        kv = cache.kv
+        for li, ly in enumerate(self.layers):
+            qkv = torch.mm(x, ly.wqkv).mul_(self.inv_rms(x))
+            qk = qkv[:, : qd + kd].view(seq, nh + nkv, hd)
+            qk = self.rope(qk * ly.qk_norm, pos, end).mul_(self.inv_rms(qk))
+            kv[li, pos:end, :nkv] = qk[:, nh:]
+            kv[li, pos:end, nkv:] = qkv[:, qd + kd :].view(seq, nkv, hd)
             attn = F.scaled_dot_product_attention(
                 qk[:, :nh].transpose(0, 1).unsqueeze(0),
-                cache.k[li : li + 1, :, :end],
-                cache.v[li : li + 1, :, :end],
+                kv[li, :end, :nkv].transpose(0, 1).unsqueeze(0),
+                kv[li, :end, nkv:].transpose(0, 1).unsqueeze(0),
                 attn_mask=mask,
                 is_causal=causal,
-                scale=self.scale,
+                scale=1.0,
                 enable_gqa=self.gqa,
             )
-            x = x + F.linear(attn[0].transpose(0, 1).reshape(seq, qd), layer.wo)
-            gate, up = F.linear(norm(x, layer.ffn_norm), layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
-        return norm(x, self.norm)
+            x = torch.addmm(x, attn[0].transpose(0, 1).reshape(seq, qd), ly.wo)
+            gu = torch.mm(x, ly.w_gate_up).mul_(self.inv_rms(x))
+            x = torch.addmm(x, F.silu(gu[:, :ffn]).mul_(gu[:, ffn:]), ly.w_down)
+        return self.final_norm(x)
+
+    def step(self, x: Tensor, pos: int, cache: KVCache) -> Tensor:
+        """One row ``x [1, H]`` at position ``pos`` (no bounds check); the normed ``[1, H]``.
+
+        The same maths as ``forward`` with the per-kernel overhead cut: the row
+        norms are one ``addmm`` (``eps + x.x/H``) and one ``rsqrt_``, k and v go
+        to the cache with one ``cat``, and attention is two ``bmm`` and a softmax
+        (one query row: cheaper than the SDPA kernel's setup).
+        """
+        hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
+        qd, kd, ffn = self.q_dim, self.kv_dim, self.ffn
+        group = nh // nkv
+        end = pos + 1
+        rope = self.rope
+        eps = self.eps_t
+        inv_h = 1.0 / x.shape[-1]
+        inv_d = 1.0 / hd
+        kv = cache.kv
+        mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
+        for li, ly in enumerate(self.layers):
+            r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+            qkv = mm(x, ly.wqkv).mul_(r)
+            qk = qkv[0, : qd + kd].view(nh + nkv, hd)
+            rq = baddbmm(eps, qk.unsqueeze(1), qk.unsqueeze(2), alpha=inv_d).rsqrt_().view(-1, 1)
+            qk = rope(qk * ly.qk_norm, pos, end).mul_(rq)
+            layer_kv = kv[li]
+            torch.cat((qk[nh:], qkv[0, qd + kd :].view(nkv, hd)), out=layer_kv[pos])
+            past = layer_kv[:end]
+            p = bmm(qk[:nh].view(nkv, group, hd), past[:, :nkv].permute(1, 2, 0)).softmax(-1)
+            o = bmm(p, past[:, nkv:].transpose(0, 1)).view(1, qd)
+            x = addmm(x, o, ly.wo)
+            r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+            gu = mm(x, ly.w_gate_up).mul_(r)
+            x = addmm(x, F.silu(gu[:, :ffn]).mul_(gu[:, ffn:]), ly.w_down)
+        r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+        return x.mul(r).mul_(self.norm)
+
+    def step_at(self, x: Tensor, pos: Tensor, cache: KVCache, bias: Tensor) -> Tensor:
+        """``step`` with the position in a device tensor ``pos [1]`` (CUDA-graph capturable).
+
+        Attention runs over the whole cache with ``bias [length]`` added to the scores
+        (0 up to ``pos``, -inf after it); the cache row is written with ``index_copy_``.
+        """
+        hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
+        qd, kd, ffn = self.q_dim, self.kv_dim, self.ffn
+        group = nh // nkv
+        eps = self.eps_t
+        inv_h = 1.0 / x.shape[-1]
+        inv_d = 1.0 / hd
+        kv = cache.kv
+        if self.dtype == torch.float32:
+            cis = self.cis.index_select(0, pos)
+        else:
+            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        bias = bias.to(self.dtype)
+        mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
+        for li, ly in enumerate(self.layers):
+            r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+            qkv = mm(x, ly.wqkv).mul_(r)
+            qk = qkv[0, : qd + kd].view(nh + nkv, hd)
+            rq = baddbmm(eps, qk.unsqueeze(1), qk.unsqueeze(2), alpha=inv_d).rsqrt_().view(-1, 1)
+            z = qk * ly.qk_norm
+            qk = _rope_complex(z, cis) if z.dtype == torch.float32 else _rope_real(z, cos, sin)
+            qk = qk.mul_(rq)
+            layer_kv = kv[li]
+            row = torch.cat((qk[nh:], qkv[0, qd + kd :].view(nkv, hd))).unsqueeze(0)
+            layer_kv.index_copy_(0, pos, row)
+            q = qk[:nh].view(nkv, group, hd)
+            p = baddbmm(bias, q, layer_kv[:, :nkv].permute(1, 2, 0)).softmax(-1)
+            o = bmm(p, layer_kv[:, nkv:].transpose(0, 1)).view(1, qd)
+            x = addmm(x, o, ly.wo)
+            r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+            gu = mm(x, ly.w_gate_up).mul_(r)
+            x = addmm(x, F.silu(gu[:, :ffn]).mul_(gu[:, ffn:]), ly.w_down)
+        r = addmm(eps, x, x.t(), alpha=inv_h).rsqrt_()
+        return x.mul(r).mul_(self.norm)
 
 
 class TtsModel:
@@ -254,8 +371,19 @@ class TtsModel:
         self.text_embd = weights.text_embd
         self.fc1_w, self.fc1_b = t(weights.text_fc1_w), t(weights.text_fc1_b)
         self.fc2_w, self.fc2_b = t(weights.text_fc2_w), t(weights.text_fc2_b)
-        self.codec_embd = t(weights.codec_embd)  # [V, H]
+        # One table for every code embedding (talker width): codebook 0 rows, then the 15
+        # predictor codebooks, so a frame's input sum is one gather (``frame_embedding``).
+        n_cb0 = int(weights.codec_embd.shape[0])
+        self.embd_table = t(np.concatenate([weights.codec_embd, *weights.cp_embd], axis=0))
+        self.codec_embd = self.embd_table[:n_cb0]  # [V, H] (a view)
+        n_cp = len(weights.cp_embd)
+        vc = int(weights.cp_embd[0].shape[0]) if n_cp else 0
+        self.cp_embd = self.embd_table[n_cb0:].view(n_cp, vc, -1)  # [G, Vc, H] (a view)
+        self.code_offsets = torch.tensor(
+            [0, *(n_cb0 + g * vc for g in range(n_cp))], dtype=torch.long, device=dev
+        )
         self.codec_head = t(weights.codec_head)  # [V, H]
+        self.codec_head_t = self.codec_head.t()  # [H, V] view (``mm`` operand)
         self.talker = DecoderStack(
             weights.talker_layers,
             weights.talker_norm,
@@ -280,12 +408,12 @@ class TtsModel:
             device=dev,
             dtype=dt,
         )
-        # Talker-width predictor embeddings (for the next talker input) ...
-        self.cp_embd = torch.stack([t(e) for e in weights.cp_embd])  # [G, Vc, H]
-        self.cp_heads = torch.stack([t(e) for e in weights.cp_heads])  # [G, Vc, Hc]
+        # Predictor heads stored [G, Hc, Vc] (``mm`` operands); ``cp_heads``: the [G, Vc, Hc] view.
+        self.cp_heads_t = t(np.stack([np.asarray(e, np.float32).T for e in weights.cp_heads]))
+        self.cp_heads = self.cp_heads_t.transpose(1, 2)
         self.proj_w = t(weights.proj_w) if weights.proj_w is not None else None
         self.proj_b = t(weights.proj_b) if weights.proj_b is not None else None
-        # ... and predictor-width copies, projected once (identity when widths match).
+        # Predictor-width input tables, projected once (identity when widths match).
         with torch.inference_mode():
             self.cp_embd_in = self.project_to_predictor(self.cp_embd)  # [G, Vc, Hc]
             self.codec_embd_in = self.project_to_predictor(self.codec_embd)  # [V, Hc]
@@ -312,13 +440,67 @@ class TtsModel:
 
     def frame_embedding(self, codes: Tensor) -> Tensor:
         """Sum of the talker-width embeddings of one frame ``[16]`` (talker input / ICL rows)."""
-        parts = torch.cat(
-            (self.codec_embd[codes[:1]], self.cp_embd[self.group_index, codes[1:]]), dim=0
-        )
-        return parts.sum(0)
+        return self.embd_table.index_select(0, codes + self.code_offsets).sum(0)
 
     def frames_embedding(self, codes: Tensor) -> Tensor:
         """Row-wise ``frame_embedding`` of ``[R, 16]`` codes -> ``[R, H]``."""
         first = self.codec_embd[codes[:, 0]].unsqueeze(1)  # [R, 1, H]
         rest = self.cp_embd[self.group_index[None, :], codes[:, 1:]]  # [R, G, H]
         return torch.cat((first, rest), dim=1).sum(1)
+
+
+class NumpyStep:
+    """``DecoderStack.step`` in numpy, for small widths on the CPU (float32 only).
+
+    For tiny models every kernel is a few dozen flops, so the cost is the per-call
+    overhead, and a numpy call costs about a third of a torch one: the code
+    predictor's 14 single-row steps per frame run here (about 2x faster per step
+    at width 32). Same maths and weights (views of the torch tensors) as ``step``.
+    """
+
+    def __init__(self, stack: DecoderStack) -> None:
+        if stack.dtype != torch.float32 or stack.device.type != "cpu":
+            raise ValueError("NumpyStep needs a float32 CPU stack")
+        self.layers = [
+            (
+                ly.wqkv.numpy(),
+                ly.qk_norm.numpy(),
+                ly.wo.numpy(),
+                ly.w_gate_up.numpy(),
+                ly.w_down.numpy(),
+            )
+            for ly in stack.layers
+        ]
+        self.cis = stack.cis.numpy()
+        self.norm = stack.norm.numpy()
+        self.eps = np.float32(stack.eps)
+        self.inv_h = np.float32(1.0 / stack.width)
+        self.inv_d = np.float32(1.0 / stack.head_dim)
+        self.dims = (stack.head_dim, stack.n_heads, stack.n_kv, stack.q_dim, stack.kv_dim)
+        self.ffn = stack.ffn
+
+    def __call__(self, x: np.ndarray, pos: int, kv: np.ndarray) -> np.ndarray:
+        """One row ``x [H]`` at ``pos``, cache ``kv`` (``KVCache.kv.numpy()``); normed ``[H]``."""
+        hd, nh, nkv, qd, kd = self.dims
+        group = nh // nkv
+        ffn, eps, inv_h, inv_d = self.ffn, self.eps, self.inv_h, self.inv_d
+        end = pos + 1
+        cis = self.cis[pos]
+        matmul, sqrt, exp, tanh = np.matmul, np.sqrt, np.exp, np.tanh
+        half = np.float32(0.5)
+        for li, (wqkv, qkn, wo, wgu, wd) in enumerate(self.layers):
+            qkv = (x @ wqkv) * (1 / sqrt(x.dot(x) * inv_h + eps))
+            qk = qkv[: qd + kd].reshape(nh + nkv, hd)
+            rq = 1 / sqrt(np.einsum("ij,ij->i", qk, qk) * inv_d + eps)
+            z = ((qk * qkn).view(np.complex64) * cis).view(np.float32) * rq[:, None]
+            layer_kv = kv[li]
+            layer_kv[pos, :nkv] = z[nh:]
+            layer_kv[pos, nkv:] = qkv[qd + kd :].reshape(nkv, hd)
+            s = matmul(z[:nh].reshape(nkv, group, hd), layer_kv[:end, :nkv].transpose(1, 2, 0))
+            s = exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            x = x + matmul(s, layer_kv[:end, nkv:].transpose(1, 0, 2)).reshape(qd) @ wo
+            gu = (x @ wgu) * (1 / sqrt(x.dot(x) * inv_h + eps))
+            a = gu[:ffn] * half
+            x = x + (a * (1 + tanh(a)) * gu[ffn:]) @ wd  # silu(g) = g/2 * (1 + tanh(g/2))
+        return x * (1 / sqrt(x.dot(x) * inv_h + eps)) * self.norm
