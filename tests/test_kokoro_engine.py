@@ -242,3 +242,64 @@ def test_corrupt_model_file_named(tmp_path: Path) -> None:
     synth = KokoroSynthesizer(KokoroConfig(models_dir=tmp_path, model=bad))
     with pytest.raises(ModelFileError, match=r"bad.onnx"):
         synth.load()
+
+
+def test_edge_cap_renders_less_silence_and_the_same_speech(
+    kokoro_synth: KokoroSynthesizer, kokoro_models_dir: Path
+) -> None:
+    from engines.kokoro.audio import speech_bounds
+    from engines.kokoro.backend import LEAD_PAD_FRAMES, OnnxBackend
+    from engines.kokoro.models import KOKORO_INT8_NAME
+
+    capped = spy(kokoro_synth)
+    assert capped.capped and capped.marks
+    assert (kokoro_models_dir / "kokoro" / f"{KOKORO_INT8_NAME}.durcap.stamp").is_file()
+    plain = OnnxBackend(kokoro_models_dir / "kokoro" / KOKORO_INT8_NAME, edge_cap=False)
+    plain.load()
+    try:
+        assert not plain.capped
+        space = kokoro_synth.frontend.vocab.space
+        tokens: list[int] = []
+        for w in kokoro_synth.phonemize(EN_SENTENCE).words:
+            if tokens:
+                tokens.append(space)  # type: ignore[arg-type]
+            tokens.extend(w.tokens)
+        style = kokoro_synth._voices["jf_alpha"][len(tokens) - 1]
+        a = capped.infer(tokens, style, 1.0, CancelToken())
+        b = plain.infer(tokens, style, 1.0, CancelToken())
+    finally:
+        plain.close()
+    # the uncapped lead pad is ~13 frames of 600 samples, the final mark + pad ~9
+    assert len(b) - len(a) >= (13 - LEAD_PAD_FRAMES) * 600
+    sa, sb = speech_bounds(a), speech_bounds(b)
+    assert sa is not None and sb is not None
+    speech_a, speech_b = sa[1] - sa[0], sb[1] - sb[0]
+    assert abs(speech_a - speech_b) <= 0.12 * speech_b  # the speech itself keeps its length
+    assert sa[0] < sb[0]  # less leading silence
+    assert 0.8 <= rms(a[sa[0] : sa[1]]) / rms(b[sb[0] : sb[1]]) <= 1.25
+
+
+@pytest.mark.parametrize(("rtf", "two", "speed"), [(0.01, True, 1.1), (5.0, False, 1.2)])
+def test_rest_of_the_sentence_is_one_phrase_when_the_queue_covers_it(
+    kokoro_synth: KokoroSynthesizer,
+    monkeypatch: pytest.MonkeyPatch,
+    rtf: float,
+    two: bool,
+    speed: float,
+) -> None:
+    text = (
+        "I have booked your appointment for Monday at ten in the morning, "
+        "and I will send you a reminder the day before."
+    )
+    est = kokoro_synth._estimator
+    monkeypatch.setattr(est, "rtf", rtf)
+    monkeypatch.setattr(est, "update", lambda *args, **kwargs: None)  # keep the estimate
+    backend = spy(kokoro_synth)
+    backend.calls.clear()
+    speak(kokoro_synth, text, CallState(call_id=9, speed=speed))  # own speed: no cache hit
+    calls = list(backend.calls)
+    assert len(calls[0]) <= 20
+    if two:  # fast host: the short first phrase, then everything else at once
+        assert len(calls) == 2
+    else:  # slow host: the rest is cut so each phrase is ready in time
+        assert len(calls) >= 3

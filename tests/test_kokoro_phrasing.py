@@ -77,3 +77,25 @@ def test_phrases_cover_everything_in_order_within_limits(
     assert all(1 <= len(t) <= max_tokens for t in phrases)
     flat = [t for ph in phrases for t in ph if t != SPACE]
     assert flat == [t for x in w for t in x.tokens]
+
+
+def test_no_tiny_last_phrase() -> None:
+    # budget 27 would leave "now today?" (10 tokens): the rest is taken along instead
+    w = words("hello, how can i help you right now today?")
+    p = PhrasePlanner(w, SPACE, min_tail=12)
+    assert p.next() is not None
+    second = p.next(budget=27)
+    assert second is not None and p.done and second.brk == Word.SENTENCE
+    # without the rule the same budget leaves a small last phrase
+    p = PhrasePlanner(w, SPACE, min_tail=0)
+    p.next()
+    p.next(budget=27)
+    last = p.next(budget=27)
+    assert last is not None and len(last.tokens) < 12 and p.done
+
+
+def test_tiny_rest_rule_respects_the_context_limit() -> None:
+    w = [Word(str(i), tuple([7] * 100), Word.WORD) for i in range(6)]
+    p = PhrasePlanner(w, SPACE, first_max_tokens=100, max_tokens=250, min_tail=500)
+    phrases = all_phrases(p, budget=200)
+    assert all(len(t) <= 250 for t in phrases) and len(phrases) >= 3

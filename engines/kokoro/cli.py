@@ -128,6 +128,12 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-phrase-tokens", type=int, default=400, help="largest phrase per inference (<= 510)"
     )
+    g.add_argument(
+        "--no-edge-cap",
+        action="store_true",
+        help="render the model's full edge silence (by default the leading pad and a final "
+        "mark are capped to a few frames, which saves ~0.15 s of compute per phrase)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> KokoroConfig:
@@ -147,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         prompt_cache_mb=args.prompt_cache_mb,
         first_phrase_words=args.first_phrase_words,
         max_phrase_tokens=args.max_phrase_tokens,
+        edge_cap=not args.no_edge_cap,
         name=getattr(args, "name", "kokoro"),
     )
 

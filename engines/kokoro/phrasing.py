@@ -21,6 +21,9 @@ from engines.kokoro.frontend import Word
 MAX_CONTEXT_TOKENS = 510  # phoneme tokens per inference, plus the two pad ids
 FIRST_PHRASE_MAX_WORDS = 3
 FIRST_PHRASE_MAX_TOKENS = 20
+#: A later phrase takes the rest of the utterance when less than this would be left:
+#: a tiny last phrase costs a whole inference's edge overhead for little audio.
+MIN_TAIL_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class PhrasePlanner:
         first_max_words: int = FIRST_PHRASE_MAX_WORDS,
         first_max_tokens: int = FIRST_PHRASE_MAX_TOKENS,
         max_tokens: int = MAX_CONTEXT_TOKENS,
+        min_tail: int = MIN_TAIL_TOKENS,
     ) -> None:
         if not 1 <= max_tokens <= MAX_CONTEXT_TOKENS:
             raise ValueError(f"max_tokens must be in 1..{MAX_CONTEXT_TOKENS}, got {max_tokens}")
@@ -50,6 +54,7 @@ class PhrasePlanner:
         self.first_max_words = max(1, first_max_words)
         self.first_max_tokens = max(1, min(first_max_tokens, max_tokens))
         self.max_tokens = max_tokens
+        self.min_tail = max(0, min_tail)
         self.pos = 0
         self.count = 0
 
@@ -127,6 +132,9 @@ class PhrasePlanner:
         end_fit = self._fits(limit)
         if end_fit >= len(self.words):
             return self._emit(len(self.words))
+        rest = self.remaining_tokens()
+        if rest <= self.max_tokens and self._length(end_fit, len(self.words)) < self.min_tail:
+            return self._emit(len(self.words))  # don't leave a tiny last phrase behind
         # prefer the last sentence end, then the last clause end, in the allowed span,
         # as long as it does not make the phrase tiny (< a third of the budget)
         floor = self._length(self.pos, end_fit) // 3

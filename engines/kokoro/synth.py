@@ -9,7 +9,13 @@ Streaming. An utterance is phonemised once, then cut into phrases
 (``phrasing``): a short first phrase (the first clause, or its first three
 words), then phrases whose token budget follows the audio already queued
 ahead of playback, divided by the measured real-time factor, so the next
-phrase is normally ready before the previous one has been played. Phrases
+phrase is normally ready before the previous one has been played. When the
+whole rest of the utterance fits one inference and its estimated compute is
+covered by the queued audio, it is one phrase (the typical sentence is two
+inferences), and a later phrase never leaves a tiny last one behind. Each
+inference costs its edge silence, so the backend caps the leading pad and a
+final mark to a few frames (``backend.patch_duration_cap``) instead of
+rendering ~0.8 s of silence that would be trimmed anyway. Phrases
 are trimmed of the model's own edge silence, separated by a pause that
 matches the break (word / clause / sentence), and joined with the
 192-sample equal-power crossfade. The cancel token is checked between
@@ -95,10 +101,13 @@ FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence 
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
 MIN_BUDGET_TOKENS = 24  # later phrases are never cut smaller (per-inference overhead)
 PAD_AUDIO_S = 0.6  # edge silence the model adds per inference (measured 0.6-0.9 s)
+PAD_AUDIO_CAPPED_S = 0.35  # the same with the backend's edge caps (lead pad, final mark)
+REST_SLACK = 1.0  # the rest is one phrase when its estimated compute <= this x queued audio
 RTF_PRIOR = 0.4  # compute s per raw audio s before anything is measured (2 vCPU)
 SEC_PER_TOKEN_PRIOR = 0.075  # raw audio s per token at speed 1.0
 HEADROOM = 0.8  # plan the next phrase to finish at 80 % of the queued audio
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
+MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
 PROSODY_STYLE = "kokoro_style"
 PROSODY_VOICE = "kokoro_voice"
 
@@ -125,6 +134,7 @@ class KokoroConfig:
     first_phrase_tokens: int = FIRST_PHRASE_MAX_TOKENS
     max_phrase_tokens: int = 400
     prosody_carry: float = 0.5
+    edge_cap: bool = True
     name: str = "kokoro"
 
     @classmethod
@@ -144,20 +154,25 @@ class _Estimator:
     def __init__(self) -> None:
         self.rtf = RTF_PRIOR
         self.sec_per_token = SEC_PER_TOKEN_PRIOR
+        self.pad_audio = PAD_AUDIO_S
         self._lock = threading.Lock()
+
+    def compute_s(self, n_tokens: int, speed: float) -> float:
+        """Expected compute seconds of one inference of ``n_tokens`` tokens."""
+        return self.rtf * (n_tokens * self.sec_per_token + self.pad_audio) / speed
 
     def update(self, n_tokens: int, raw_s: float, compute_s: float, speed: float) -> None:
         if raw_s <= 0:
             return
         with self._lock:
             self.rtf = 0.7 * self.rtf + 0.3 * (compute_s / raw_s)
-            speech = max(raw_s - PAD_AUDIO_S / speed, 0.0) * speed
+            speech = max(raw_s - self.pad_audio / speed, 0.0) * speed
             if n_tokens >= 8:
                 self.sec_per_token = 0.8 * self.sec_per_token + 0.2 * (speech / n_tokens)
 
     def budget(self, ahead_s: float, speed: float, max_tokens: int) -> int:
         allowed_raw = max(ahead_s, 0.0) / max(self.rtf, 1e-3) * HEADROOM
-        speech = allowed_raw - PAD_AUDIO_S / speed
+        speech = allowed_raw - self.pad_audio / speed
         tokens = int(speech * speed / max(self.sec_per_token, 1e-3))
         return max(MIN_BUDGET_TOKENS, min(tokens, max_tokens))
 
@@ -227,9 +242,18 @@ class KokoroSynthesizer:
                 self._backend = CoreMLBackend(files.variant_dir or files.model.parent)
             else:
                 self._backend = OnnxBackend(
-                    files.model, threads=cfg.threads, device=cfg.device, spinning=cfg.spinning
+                    files.model,
+                    threads=cfg.threads,
+                    device=cfg.device,
+                    spinning=cfg.spinning,
+                    edge_cap=cfg.edge_cap,
                 )
         self._backend.load()
+        capped = bool(getattr(self._backend, "capped", False))
+        self._estimator.pad_audio = PAD_AUDIO_CAPPED_S if capped else PAD_AUDIO_S
+        set_marks = getattr(self._backend, "set_marks", None)
+        if callable(set_marks):
+            set_marks(frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS))
         self._voices = voices
         st = files.model.stat()
         self._model_key = f"{files.model.resolve()}:{st.st_size}:{int(st.st_mtime)}"
@@ -396,6 +420,12 @@ class KokoroSynthesizer:
             if t_first is not None:
                 ahead = emitted / SAMPLE_RATE - (time.perf_counter() - t_first)
                 budget = self._estimator.budget(ahead, speed, cfg.max_phrase_tokens)
+                rest = planner.remaining_tokens()
+                if (  # the whole rest in one inference when it is ready before playback ends
+                    0 < rest <= cfg.max_phrase_tokens
+                    and self._estimator.compute_s(rest, speed) <= ahead * REST_SLACK
+                ):
+                    budget = rest
                 if phrase.index > 0:  # later phrases grow, so a slow host gets few joins
                     budget = max(budget, min(3 * len(phrase.tokens) // 2, cfg.max_phrase_tokens))
                 if ahead <= 0:  # playback already caught up: small phrases only add overhead
