@@ -48,16 +48,19 @@ CHANNEL_PACKETS = 32  # packets (<= 200 ms each) a synthesis thread may run ahea
 MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
 ENDED_MEMORY = 1000  # WIRE.md 2: remember at least the last 1000 ended call ids
 SLOT_POLL = 0.1  # seconds: a blocked producer re-checks its cancel token this often
-SYNTH_NICE = 5  # synthesis threads run this much below the loop thread (Linux)
+SYNTH_NICE = 0  # opt-in: synthesis threads may run this much below the loop thread (Linux)
 
 
 def lower_thread_priority(nice: int | None = None) -> None:
     """Run the calling synthesis thread ``nice`` steps below the event-loop thread.
 
-    On Linux ``setpriority(PRIO_PROCESS, tid)`` applies to one thread: when the
-    cores are saturated by inference, the loop thread still gets a core at once,
-    so PONGs and barge-ins are handled without waiting for a time slice. The
-    default comes from ``TTSDOCK_SYNTH_NICE`` (default 5; 0 turns it off).
+    On Linux ``setpriority(PRIO_PROCESS, tid)`` applies to one thread. Off by
+    default (``TTSDOCK_SYNTH_NICE``, default 0): a niced synthesis thread that
+    holds the GIL while other processes load the host is descheduled with the
+    GIL in hand, and the event loop then waits behind it (priority inversion;
+    measured: dock keepalive timeouts under two CPU-burning neighbours with nice
+    5, none with 0). Only worth enabling when the model library releases the
+    GIL for nearly all of its work and the host is otherwise idle.
     Threads the model library starts itself (onnxruntime/torch pools) are not
     affected. A no-op elsewhere (on macOS it would renice the whole process).
     """
