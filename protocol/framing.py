@@ -131,6 +131,10 @@ class FrameCipher:
                     return None
             except FileNotFoundError:
                 return None
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot read interconnect flag {flag_path}: {exc.strerror}"
+                ) from exc
         try:
             key = key_path.read_bytes()
         except OSError as exc:

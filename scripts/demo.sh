@@ -9,6 +9,6 @@ VENV=${TTSDOCK_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-python -m pip install -q --upgrade pip
+python -m pip install -q --upgrade pip || echo "pip upgrade skipped (offline?)" >&2
 python -m pip install -q -e '.[kokoro]'
 exec python scripts/demo.py "$@"

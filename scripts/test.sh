@@ -9,8 +9,10 @@ VENV=${TTSDOCK_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-python -m pip install -q --upgrade pip
-# The CPU build of torch first, so that no resolver step pulls a multi-GB CUDA build.
+python -m pip install -q --upgrade pip || echo "pip upgrade skipped (offline?)" >&2
+# torch first and pinned, so that the resolver keeps it instead of choosing another build
+# for the qwen3 extra. Where a local CPU wheel is configured for pip it is used; elsewhere
+# set PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index to avoid a multi-GB CUDA build.
 python -m pip install -q "torch==${TTSDOCK_TORCH_VERSION:-2.13.0}"
 python -m pip install -q -e '.[kokoro,qwen3,dev]'
 echo "== ruff"; ruff check . && ruff format --check .

@@ -60,8 +60,9 @@ def _filtering(level: int) -> Any:
 
 class _UdpSink:
     def __init__(self, host: str, port: int) -> None:
-        self.addr = (host, port)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        self.addr = addr
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
 
     def send(self, line: str) -> None:

@@ -4,6 +4,7 @@ connection text cmd server used by the dock (13142) and the engines (13144)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ import structlog
 SOCKET_BUFFER = 128 * 1024  # WIRE.md 3: 128 KiB buffers
 CMD_TIMEOUT = 10.0  # WIRE.md 6: 10 s receive timeout
 BIND_RETRY = 0.2  # WIRE.md 6: retry the cmd-port bind every 200 ms during a hot swap
+LINE_GRACE = 0.05  # seconds to wait for the rest of a command line that arrived without \n
 
 log = structlog.get_logger(__name__)
 
@@ -61,11 +63,19 @@ async def _serve_one(
     try:
         data = bytearray()
         async with asyncio.timeout(read_timeout):
-            while len(data) < max_len and b"\n" not in data:
-                chunk = await reader.read(max_len - len(data))
-                if not chunk:
-                    break
-                data += chunk
+            data += await reader.read(max_len)
+        # The reference answers after one read; a line split over several segments is
+        # completed as long as more bytes follow quickly, and a client that sends no
+        # newline and keeps the socket open (plain `printf CMD | nc`) is answered too.
+        while data and len(data) < max_len and b"\n" not in data:
+            try:
+                async with asyncio.timeout(LINE_GRACE):
+                    chunk = await reader.read(max_len - len(data))
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            data += chunk
         try:
             reply = await handler(bytes(data))
         except Exception as exc:  # a bad command must never take the service down
@@ -111,7 +121,7 @@ async def start_cmd_server(
         try:
             return await asyncio.start_server(on_conn, host, port, reuse_address=True)
         except OSError as exc:
-            if not retry_bind:
+            if not retry_bind or exc.errno != errno.EADDRINUSE:
                 raise
             if not logged:
                 log.info("cmd_port_busy", host=host, port=port, error=exc.strerror)

@@ -403,13 +403,32 @@ async def test_cmd_server_timeout_closes_without_reply() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(), 5) == b""  # nothing sent: closed
         writer.close()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"PIN")  # a partial line, then silence
-        await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        writer.close()
         assert h.calls == []
         assert await _exchange(port, b"PING\n") == b"PONG\n"  # still serving
+    finally:
+        await _close(server)
+
+
+async def test_cmd_server_answers_a_command_without_newline() -> None:
+    """WIRE.md 5/6: the reference answers after one read, so `printf STATUS | nc` (no
+    newline, socket kept open) gets its reply; a line split over two quick writes is
+    still read whole."""
+    h = Recorder()
+    server, port = await _serve(h, max_len=512, read_timeout=5)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PING")  # no newline, no half-close
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b"PONG\n"
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PI")
+        await writer.drain()
+        writer.write(b"NG\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b"PONG\n"
+        writer.close()
+        assert h.calls[-2:] == [b"PING", b"PING\n"]
     finally:
         await _close(server)
 

@@ -149,6 +149,10 @@ class LlamaData(FramedChannel):
         self.dock.on_text(decode_packet(body))
 
 
+REPLY_EXPIRY = 5.0  # seconds after which an unanswered CUSTOM request to OAP is forgotten
+MAX_OUTSTANDING = 64  # CUSTOM requests to OAP awaiting a reply, at most
+
+
 class OapMgmt(FramedChannel):
     """The dock's mgmt connection to OAP: FLUSH_TTS requests await a CUSTOM reply."""
 
@@ -156,16 +160,33 @@ class OapMgmt(FramedChannel):
 
     def __init__(self, dock: Dock, cipher: FrameCipher | None) -> None:
         super().__init__(dock, cipher)
-        self.outstanding = 0  # CUSTOM requests sent and not answered yet
-        self.waiters: deque[asyncio.Future[bytes]] = deque()
+        # CUSTOM requests sent and not answered yet, oldest first: (sent at, reply future)
+        self.waiters: deque[tuple[float, asyncio.Future[bytes]]] = deque()
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiters)
+
+    def _forget_stale(self, now: float) -> None:
+        """A request unanswered for ``REPLY_EXPIRY`` seconds never will be: forget it, so that
+        a later CUSTOM *request* from OAP is not mistaken for its reply and left unanswered.
+        A reply slower than that would be answered like a request (harmless: an empty
+        CUSTOM), which is why the expiry is far beyond the 200 ms FLUSH_TTS wait."""
+        while self.waiters and (
+            now - self.waiters[0][0] > REPLY_EXPIRY or len(self.waiters) > MAX_OUTSTANDING
+        ):
+            _, fut = self.waiters.popleft()
+            if not fut.done():
+                fut.cancel()
 
     def request(self, msg: Custom) -> asyncio.Future[bytes]:
-        """Send a CUSTOM request; the future gets the reply's bytes (it may be cancelled by a
-        timeout: a late reply is then still consumed as a reply, never answered)."""
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        """Send a CUSTOM request; the future gets the reply's bytes (the caller may stop
+        waiting early: a late reply is still consumed as the reply, never answered)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
         self.send_mgmt(msg)
-        self.outstanding += 1
-        self.waiters.append(fut)
+        self.waiters.append((loop.time(), fut))
+        self._forget_stale(loop.time())
         return fut
 
     def on_body(self, body: bytes) -> None:
@@ -173,20 +194,18 @@ class OapMgmt(FramedChannel):
         if isinstance(msg, Ping):
             self.send_mgmt(PONG)
         elif isinstance(msg, Custom):
-            if self.outstanding:
-                self.outstanding -= 1
-                while self.waiters:
-                    fut = self.waiters.popleft()
-                    if not fut.done():
-                        fut.set_result(msg.data)
-                        break
+            self._forget_stale(asyncio.get_running_loop().time())
+            if self.waiters:
+                _, fut = self.waiters.popleft()
+                if not fut.done():
+                    fut.set_result(msg.data)
             else:  # a request from OAP: every CUSTOM request gets a reply
                 self.send_mgmt(Custom(b""))
         elif isinstance(msg, CallEnd | SpeechActive | SpeechIdle | Pong):
             pass  # nothing flows upstream from OAP through the dock
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for fut in self.waiters:
+        for _, fut in self.waiters:
             if not fut.done():
                 fut.cancel()
         self.waiters.clear()

@@ -4,8 +4,9 @@ Rule 1: everything that decides whether a text packet may wait for an engine,
 and when it is given up, lives here: per call at most ``max_packets`` packets
 and ``max_bytes`` payload bytes, each packet at most ``max_age`` seconds, at most
 ``max_calls`` calls and ``max_total_bytes`` over all calls; whatever does not fit
-is refused (the newest is refused, so what is kept is always an in-order prefix of
-what the call sent).
+is refused: the newest packet is dropped, never an older one, so what is kept is
+always in arrival order (a later, smaller packet of the same call may still fit
+after a refusal; every refusal is returned to the caller, which counts and logs it).
 Rule 2: this file reads no clock and knows no sockets: ``now`` is passed in, and
 every discard is returned to the caller, which counts and logs it.
 """
