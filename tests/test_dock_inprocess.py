@@ -4,6 +4,7 @@ cannot show: a non-loopback engine peer is refused before it can send a byte."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from dock_helpers import FakeEngine, eventually
@@ -64,10 +65,14 @@ async def test_lifecycle_in_process() -> None:
     assert set(ports) == {"llama_mgmt", "llama_data", "dock", "cmd"}
     assert all(p > 0 for p in ports.values())
     eng = FakeEngine(ports["dock"], "inproc")
+    t0 = time.perf_counter_ns()
     assert await eng.dock() == b"OK"
     await eventually(lambda: dock.slot.active_name == "inproc", what="docked")
+    handshake_us = (time.perf_counter_ns() - t0) / 1000
     assert await dock.commands.handle(b"STATUS\n") == "ACTIVE inproc"
-    assert dock.last_switch_us < 50_000  # sanity only; the reference budget is 1 ms
+    # consistency, not a time budget: the switch was measured (in microseconds) and is a
+    # part of the handshake this test saw from the outside
+    assert 0 < dock.last_switch_us <= handshake_us
     eng.audio(3)
     await eventually(lambda: dock.stats.drops["oap_down"] == 0 and dock.oap_pending, what="q")
     tasks = set(dock.supervisor.tasks)

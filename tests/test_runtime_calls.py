@@ -7,7 +7,15 @@ import itertools
 
 import numpy as np
 import pytest
-from runtime_helpers import FakeDock, ToneSynth, audio_samples, cmd, events_of, running_engine
+from runtime_helpers import (
+    DockSession,
+    FakeDock,
+    ToneSynth,
+    audio_samples,
+    cmd,
+    events_of,
+    running_engine,
+)
 
 from engines.runtime.calls import TRANSITIONS, CallInput, CallPhase, CallStateError, transition
 from protocol import CallEnd, Packet, Pong, SpeechActive, SpeechIdle
@@ -24,6 +32,14 @@ def test_transition_table_is_total_for_live_phases() -> None:
         transition(CallPhase.ENDED, CallInput.TEXT)
 
 
+async def settle(s: DockSession) -> None:
+    """Barrier instead of a sleep: every frame the engine wrote before it handled these
+    PINGs has arrived once their PONGs have (one socket, in order). Two round trips, so
+    that audio already handed to the loop by a synthesis thread is written too."""
+    await s.ping_rtt()
+    await s.ping_rtt()
+
+
 @pytest.fixture
 async def dock() -> FakeDock:
     d = FakeDock()
@@ -34,11 +50,12 @@ async def dock() -> FakeDock:
 
 async def test_text_becomes_framed_audio(dock: FakeDock) -> None:
     synth = ToneSynth(phrase_ms=300)
-    async with running_engine(synth, dock.port):
+    async with running_engine(synth, dock.port) as eng:
         s = await dock.session()
         s.text(7, "hello big world")
         await s.wait_audio(7, 6)
-        await asyncio.sleep(0.1)
+        await wait_for(lambda: eng.stats.utterances_completed == 1)  # all packets written
+        await settle(s)
         pkts = s.audio(7)
         sizes = [audio_samples(r).size for r in pkts]
         assert sizes == [4800, 2400] * 3  # 300 ms phrases split at 4800 samples
@@ -52,12 +69,13 @@ async def test_text_becomes_framed_audio(dock: FakeDock) -> None:
 
 async def test_fifo_order_within_a_call_and_prosody_carried(dock: FakeDock) -> None:
     synth = ToneSynth(phrase_ms=50, delay=0.01)
-    async with running_engine(synth, dock.port):
+    async with running_engine(synth, dock.port) as eng:
         s = await dock.session()
         for text in ("one", "two two", "three three three"):
             s.text(5, text)
         await s.wait_audio(5, 6)
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: eng.stats.utterances_completed == 3)
+        await settle(s)
         assert [c.text for c in synth.calls] == ["one", "two two", "three three three"]
         assert [c.prosody_before for c in synth.calls] == [0, 1, 3]
         # audio arrives in utterance order: tone frequency follows word length
@@ -83,9 +101,15 @@ async def test_bargein_no_audio_after_speech_active(dock: FakeDock) -> None:
         rtt = await s.ping_rtt()
         assert rtt >= 0
         pong_at = events_of(s, Pong)[-1].t
-        await asyncio.sleep(0.4)
+        # nothing more can come once the cancelled synthesis has ended and the
+        # queued text is gone; then a PING barrier flushes what was written before
+        await wait_for(lambda: eng.stats.bargein_stop.count == 1)
+        w = eng.calls.calls[9]
+        assert w.current is None and not w.queue
+        await settle(s)
         after = [r for r in s.audio(9) if r.t >= pong_at]
         assert after == []
+        await s.wait_audio(4, 11)  # the other call talks on to the end ...
         assert len(s.audio(4)) > 10  # the other call was not affected
         assert [c.text for c in synth.calls if c.call_id == 9] == [" ".join(["word"] * 40)]
         stats = await cmd(eng.cmd_port, "STATS")
@@ -143,7 +167,7 @@ async def test_call_end_cancels_and_drops_state(dock: FakeDock) -> None:
         assert 11 not in eng.calls.calls
         assert (await cmd(eng.cmd_port, "STATUS")).startswith("ACTIVE_CALLS:0:")
         await wait_for(lambda: synth.finished == 1)  # the cancelled synthesis ended
-        await asyncio.sleep(0.1)
+        await settle(s)  # what it handed to the loop is written (or dropped) by now
         assert [r for r in s.audio(11) if r.t >= pong_at] == []
         assert all(c.text != "never" for c in synth.calls)
         # SPEECH_IDLE for an ended call does not resurrect it
@@ -254,3 +278,19 @@ async def test_model_not_closed_under_a_stuck_synthesis(dock: FakeDock) -> None:
         eng.request_stop("test")
         await eng.shutdown()
         assert not synth.closed  # closing under a running inference could crash
+
+
+def test_cancel_token_callbacks_run_once_and_can_be_forgotten() -> None:
+    from engines.runtime.synth import CancelToken
+
+    token = CancelToken()
+    fired: list[str] = []
+    token.on_cancel(lambda: fired.append("a"))
+    forget_b = token.on_cancel(lambda: fired.append("b"))
+    token.on_cancel(lambda: 1 / 0)  # a failing callback never breaks the canceller
+    forget_b()
+    token.cancel()
+    token.cancel()
+    assert fired == ["a"] and token.cancelled
+    token.on_cancel(lambda: fired.append("late"))  # already fired: runs at once
+    assert fired == ["a", "late"]

@@ -7,6 +7,7 @@ import re
 import socket
 import wave
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_helpers import FakeDock, ToneSynth, cmd, free_port, running_engine
@@ -222,19 +223,33 @@ async def test_long_command_is_bounded(engine) -> None:  # type: ignore[no-untyp
     assert reply == "ERROR:Unknown command"
 
 
-async def test_cmd_port_bind_retry(tmp_path: Path) -> None:
+async def test_cmd_port_bind_retry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """During a hot swap the old engine still holds the port: bind as soon as it is free."""
     blocker = socket.socket()
     blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port = blocker.getsockname()[1]
+    import svc.net
     from engines.runtime.app import Engine, EngineConfig
 
+    real_start_server = asyncio.start_server
+    refused: list[int] = []
+
+    async def counting_start_server(*args: Any, **kwargs: Any) -> asyncio.Server:
+        try:
+            return await real_start_server(*args, **kwargs)
+        except OSError:
+            refused.append(1)
+            raise
+
+    monkeypatch.setattr(svc.net.asyncio, "start_server", counting_start_server)
     eng = Engine(ToneSynth(), EngineConfig(name="tone", dock_port=free_port(), cmd_port=port))
     await eng.start()
     try:
-        await asyncio.sleep(0.5)
+        async with asyncio.timeout(10):  # barrier: the bind was tried and refused twice
+            while len(refused) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         assert eng.cmd_server is None  # still waiting for the port
         blocker.close()
         async with asyncio.timeout(5):

@@ -16,6 +16,7 @@ from protocol import SHUTDOWN, Custom, Packet, encode_err
 
 pytestmark = pytest.mark.slow
 
+HANG_S = 30.0  # how long ``!hang`` blocks a synthesis thread (runtime_helpers.ToneSynth)
 HELLO = b'{"name":"tone","sample_rate":24000,"channels":1,"format":"f32le"}'
 
 
@@ -52,32 +53,53 @@ async def test_hello_err_then_retry_then_docked() -> None:
     assert "hello_rejected" in err
 
 
+RETRY_S = 0.2  # WIRE.md 3: the engine retries the dock every 200 ms
+
+
+def spinner() -> subprocess.Popen[bytes]:
+    """A process that burns CPU in a busy loop: the yardstick a spinning engine matches."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
 async def test_redock_after_idle_dock_restart_without_spinning() -> None:
     """The C++ EngineClient spins at 100% CPU when a dock restarts after an idle link.
 
     Scenario: docked; the dock goes silent (no PING) for 1.5 s; the dock dies; for
     1.5 s nothing listens; then a broken dock that accepts and drops connections at
-    once for 1 s (counts reconnect attempts); then a working dock comes back.
+    once (counts reconnect attempts); then a working dock comes back.
+
+    No wall-clock limits: the engine's CPU time while the dock is down is compared with
+    a busy loop's over the same window (both share this machine's load); the reconnect
+    attempts are compared with the retry period over the measured time; the re-dock
+    time is compared with the retry interval measured in the same run.
     """
     port = free_port()
     dock = FakeDock(port=port, ping_every=0)
     await dock.start()
     cmd_port = free_port()
     proc = spawn_engine("--dock-port", str(port), "--cmd-port", str(cmd_port))
+    spin: subprocess.Popen[bytes] | None = None
     try:
         s = await dock.session(within=20)
         s.text(1, "before the restart")
         await s.wait_audio(1)
         await asyncio.sleep(1.5)  # idle link: no frames at all from the dock
         await dock.stop()
-        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        spin = spinner()
+        await asyncio.sleep(0.2)  # the spinner's interpreter is up and looping
+        cpu0, spin0 = cpu_seconds(proc.pid), cpu_seconds(spin.pid)
         await asyncio.sleep(1.5)  # nothing listening
-        cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+        cpu1, spin1 = cpu_seconds(proc.pid), cpu_seconds(spin.pid)
+        spin.kill()
+        spin.wait()
         dock.refuse = True
         await dock.start()
-        c0 = dock.connections
-        await asyncio.sleep(1.0)
-        attempts = dock.connections - c0
+        c0, t0 = dock.connections, time.monotonic()
+        await asyncio.sleep(1.0)  # a window of ~5 retry periods ...
+        async with asyncio.timeout(20):  # ... that holds at least 3 attempts
+            while dock.connections - c0 < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        attempts, elapsed = dock.connections - c0, time.monotonic() - t0
         await dock.stop()
         while not dock.new_session.empty():  # sessions from before the restart
             dock.new_session.get_nowait()
@@ -90,16 +112,21 @@ async def test_redock_after_idle_dock_restart_without_spinning() -> None:
         await s2.wait_audio(2)
         assert (await cmd(cmd_port, "STATUS")).startswith("ACTIVE_CALLS:2:DOCK:connected")
     finally:
+        if spin is not None and spin.poll() is None:
+            spin.kill()
+            spin.wait()
         await dock.stop()
         err = kill(proc)
-    cpu_share = (cpu1 - cpu0) / (t1 - t0)
+    engine_cpu, busy_cpu = cpu1 - cpu0, spin1 - spin0
+    interval = elapsed / attempts  # the retry interval as this run saw it
     print(
-        f"re-dock {redock * 1000:.0f} ms, cpu share while down {cpu_share:.3f}, "
-        f"attempts/s {attempts}"
+        f"re-dock {redock * 1000:.0f} ms, cpu while down {engine_cpu:.3f} s vs busy loop "
+        f"{busy_cpu:.3f} s, {attempts} attempts in {elapsed:.2f} s"
     )
-    assert cpu_share < 0.2, err[-2000:]
-    assert 2 <= attempts <= 12  # ~5/s: retrying every 200 ms, not spinning
-    assert redock < 1.0  # WIRE.md 3 retry period is 200 ms; bound has 5x margin
+    assert busy_cpu > 0.05, "the yardstick did not run"
+    assert engine_cpu < 0.2 * busy_cpu, err[-2000:]  # a spinning engine matches the loop
+    assert attempts <= elapsed / RETRY_S + 3  # retrying every 200 ms, not spinning
+    assert redock < 5 * interval  # the first retry after the dock returns succeeds
     assert '"reason": "silent"' in err  # the idle link was noticed after 1 s
 
 
@@ -169,7 +196,9 @@ async def test_shutdown_exits_zero_fast_even_with_a_stuck_model() -> None:
         err = kill(proc)
     print(f"SHUTDOWN -> exit {took * 1000:.0f} ms")
     assert rc == 0, err[-3000:]
-    assert took < 15  # the stuck model would hold it for 30 s; the budget is 2 s
+    # the stuck synthesis blocks for HANG_S (runtime_helpers ``!hang``): the exit must not
+    # wait for it (a ratio to that duration, not a budget; the reference budget is 2 s)
+    assert took / HANG_S < 0.5
     assert "engine_stopped" in err
 
 
@@ -235,7 +264,13 @@ def test_env_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_pong_while_burning_cpu_in_synthesis_threads() -> None:
-    """Pure-Python synthesis holds the GIL; the loop still answers PING promptly."""
+    """Pure-Python synthesis holds the GIL; the loop still answers PING promptly.
+
+    Counted, not timed: over back-to-back PINGs sent while three threads compute 300 ms
+    phrases, the audio packets (one per phrase) that arrive must be far fewer than the
+    PONGs. If a PONG had to wait for a phrase in progress there would be at least one
+    phrase per PONG.
+    """
     dock = FakeDock(ping_every=0)
     await dock.start()
     proc = spawn_engine(
@@ -250,18 +285,23 @@ async def test_pong_while_burning_cpu_in_synthesis_threads() -> None:
         "--max-concurrent",
         "3",
     )
+    pings = 30
     try:
         s = await dock.session(within=20)
+        idle = sorted([await s.ping_rtt() for _ in range(10)])
         for call in (1, 2, 3):
             s.send(Packet(call, b"w w w w w w w w w w"))
         await s.wait_audio(1)
-        rtts = []
-        for _ in range(30):
-            rtts.append(await s.ping_rtt())
-            await asyncio.sleep(0.011)
-        rtts.sort()
+        before = len(s.audio())
+        rtts = sorted([await s.ping_rtt() for _ in range(pings)])
+        phrases = len(s.audio()) - before
+        still_busy = len(s.audio(1)) < 10
     finally:
         await dock.stop()
         kill(proc)
-    print(f"PONG under burn: p50 {rtts[15] * 1000:.2f} ms max {rtts[-1] * 1000:.2f} ms")
-    assert rtts[15] < 0.3 / 3  # a phrase computes for 300 ms; PONG never waits for one
+    print(
+        f"PONG under burn: p50 {rtts[pings // 2] * 1000:.2f} ms max {rtts[-1] * 1000:.2f} ms "
+        f"(idle p50 {idle[5] * 1000:.2f} ms); {phrases} phrases during {pings} PONGs"
+    )
+    assert still_busy  # the PINGs were answered while the synthesis ran
+    assert phrases * 2 <= pings  # a PONG never waits for a phrase

@@ -7,12 +7,12 @@ underscores); the flag wins over the variable, the variable over the default.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.framing import FrameCipher
-from svc.logs import UDP_LOG_DEFAULT, parse_hostport, parse_level
+from svc.cli import env_default, hostport, int_in, level, port
+from svc.logs import UDP_LOG_DEFAULT
 from ttsdock import hold
 
 LOOPBACK = "127.0.0.1"
@@ -64,24 +64,7 @@ def _flag_on(path: Path) -> bool:
         return False
 
 
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range 0..65535: {port}")
-    return port
-
-
-def _nonneg_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {n}")
-    return n
+_nonneg_int = int_in(0, None, "value")
 
 
 def _nonneg_float(value: str) -> float:
@@ -92,14 +75,6 @@ def _nonneg_float(value: str) -> float:
     if not x >= 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
     return x
-
-
-def _level(value: str) -> str:
-    try:
-        parse_level(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value.upper()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,13 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(flag: str, default: object, help_: str, **kw: object) -> None:
         env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
-        env_val = os.environ.get(env)
         conv = kw.get("type")
-        if env_val is not None and env_val != "":
-            try:
-                default = conv(env_val) if callable(conv) else env_val
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                p.error(f"{env}: {exc}")
+        default = env_default(p, env, conv if callable(conv) else str, default)
         p.add_argument(flag, default=default, help=f"{help_} [env {env}]", **kw)  # type: ignore[arg-type]
 
     add("--llama-host", d.llama_host, "listen address for LLaMA (default %(default)s)")
@@ -127,21 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--llama-mgmt-port",
         d.llama_mgmt_port,
         "LLaMA mgmt listener (default %(default)s)",
-        type=_port,
+        type=port,
     )
     add(
         "--llama-data-port",
         d.llama_data_port,
         "LLaMA data listener (default %(default)s)",
-        type=_port,
+        type=port,
     )
     add("--cmd-host", d.cmd_host, "cmd port address (default %(default)s)")
-    add("--cmd-port", d.cmd_port, "cmd port (default %(default)s)", type=_port)
+    add("--cmd-port", d.cmd_port, "cmd port (default %(default)s)", type=port)
     add("--dock-host", d.dock_host, "engine dock address (default %(default)s)")
-    add("--dock-port", d.dock_port, "engine dock port (default %(default)s)", type=_port)
+    add("--dock-port", d.dock_port, "engine dock port (default %(default)s)", type=port)
     add("--oap-host", d.oap_host, "OAP address to connect to (default %(default)s)")
-    add("--oap-mgmt-port", d.oap_mgmt_port, "OAP mgmt port (default %(default)s)", type=_port)
-    add("--oap-data-port", d.oap_data_port, "OAP data port (default %(default)s)", type=_port)
+    add("--oap-mgmt-port", d.oap_mgmt_port, "OAP mgmt port (default %(default)s)", type=port)
+    add("--oap-data-port", d.oap_data_port, "OAP data port (default %(default)s)", type=port)
     add("--ic-key", None, "interconnect AES-256-GCM key file, 32 raw bytes (ic_key.bin)", type=Path)
     add(
         "--ic-flag",
@@ -202,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         d.log_level,
         "ERROR, WARN, INFO, DEBUG or TRACE (default %(default)s)",
-        type=_level,
+        type=level,
     )
     add(
         "--udp-log",
@@ -227,9 +197,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     udp: tuple[str, int] | None = None
     if ns.udp_log:
         try:
-            udp = parse_hostport(ns.udp_log, UDP_LOG_DEFAULT[1])
-        except ValueError:
-            p.error(f"--udp-log: expected HOST:PORT, got {ns.udp_log!r}")
+            udp = hostport(UDP_LOG_DEFAULT[1])(ns.udp_log)
+        except argparse.ArgumentTypeError as exc:
+            p.error(f"--udp-log: {exc}")
     if ns.ended_calls < 1000:
         p.error("--ended-calls must be at least 1000 (WIRE.md 2)")
     return Config(

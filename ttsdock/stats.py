@@ -2,26 +2,21 @@
 
 Rule 1: everything the STATS and METRICS commands report lives here, as plain
 integer attributes (the hot path only increments them) plus a bounded ring of
-hop-latency samples.
+hop-latency samples. Percentiles come from the ring (the most recent samples);
+the count and sum of every hop ever measured are kept apart, cumulative, since
+Prometheus requires a summary's ``_sum`` and ``_count`` never to go down.
 Rule 2: this file reads no clock and knows no sockets.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from svc.stats import percentile
+
 RESERVOIR = 8192  # most recent hop samples kept for percentiles (bounded)
 PERCENTILES = (50, 90, 99)
-
-
-def percentile(sorted_values: list[int], pct: float) -> int:
-    """Nearest-rank percentile of an ascending list (0 for an empty list)."""
-    if not sorted_values:
-        return 0
-    k = max(0, min(len(sorted_values) - 1, math.ceil(pct / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
 
 
 @dataclass(slots=True)
@@ -51,18 +46,20 @@ class Stats:
     calls_ended: int = 0
     drops: Counter[str] = field(default_factory=Counter)
     hop_us: deque[int] = field(default_factory=lambda: deque(maxlen=RESERVOIR))
-    hop_count: int = 0
+    hop_count: int = 0  # every hop ever measured (cumulative)
+    hop_sum_us: int = 0  # their total (cumulative)
     hop_max_us: int = 0
 
     def add_hop(self, us: int) -> None:
         self.hop_us.append(us)
         self.hop_count += 1
+        self.hop_sum_us += us
         if us > self.hop_max_us:
             self.hop_max_us = us
 
     def hop_summary(self) -> dict[str, int]:
         values = sorted(self.hop_us)
-        out = {f"hop_p{p}_us": percentile(values, p) for p in PERCENTILES}
+        out = {f"hop_p{p}_us": percentile(values, p, presorted=True) for p in PERCENTILES}
         out["hop_max_us"] = self.hop_max_us
         out["hop_samples"] = self.hop_count
         return out
@@ -100,10 +97,10 @@ class Stats:
         lines.append("# TYPE ttsdock_hop_latency_seconds summary")
         values = sorted(self.hop_us)
         for p in PERCENTILES:
-            q = percentile(values, p) / 1e6
+            q = percentile(values, p, presorted=True) / 1e6
             lines.append(f'ttsdock_hop_latency_seconds{{quantile="{p / 100:g}"}} {q:.6f}')
-        lines.append(f"ttsdock_hop_latency_seconds_sum {sum(values) / 1e6:.6f}")
-        lines.append(f"ttsdock_hop_latency_seconds_count {len(values)}")
+        lines.append(f"ttsdock_hop_latency_seconds_sum {self.hop_sum_us / 1e6:.6f}")
+        lines.append(f"ttsdock_hop_latency_seconds_count {self.hop_count}")
         for name, value in gauges.items():
             lines += [f"# TYPE ttsdock_{name} gauge", f"ttsdock_{name} {value}"]
         return "\n".join(lines) + "\n"

@@ -2,47 +2,54 @@
 
 Rule 1: argument parsing and wiring only; the model loads in ``run_engine``
 (off the event loop), never here.
-Rule 2: every Kokoro flag also reads its environment variable; the flag wins.
+Rule 2: every Kokoro flag also reads its environment variable; the flag wins;
+a bad variable is a usage error naming it (exit status 2), like a bad flag.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.synth import SPEED_MAX, SPEED_MIN
+from svc.cli import env_default, float_in, int_in, one_of
+
+T = TypeVar("T")
 
 
-def _speed(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"speed {text!r} is not a number") from None
-    if not 0.5 <= value <= 2.0:
-        raise argparse.ArgumentTypeError(f"speed {value} outside 0.5..2.0")
-    return value
+LANGS = ("auto", "de", "en")
+G2PS = ("auto", "neural", "espeak")
+_speed = float_in(SPEED_MIN, SPEED_MAX, "speed")
+_threads = int_in(1, 64, "threads")
 
 
-def _threads(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"threads {text!r} is not an integer") from None
-    if not 1 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"threads {value} outside 1..64")
-    return value
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be blank")
+    return text
 
 
 def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
-    """The Kokoro-specific flags (shared by the CLI and the benchmark)."""
+    """The Kokoro-specific flags (shared by the CLI and the benchmark).
+
+    Each environment variable is converted and checked like its flag
+    (``svc.cli.env_default``): a bad value is a usage error naming the variable.
+    """
     g = p.add_argument_group("kokoro")
-    env = os.environ.get
+
+    def env(name: str, convert: Callable[[str], T], fallback: T) -> T:
+        return env_default(p, name, convert, fallback)
+
     g.add_argument(
         "--models-dir",
         type=Path,
         default=None,
-        help="models directory [env WHISPERTALK_MODELS_DIR; default ~/.local/share/ttsdock/models]",
+        help="models directory (default: $WHISPERTALK_MODELS_DIR, else "
+        "$XDG_DATA_HOME/ttsdock/models or ~/.local/share/ttsdock/models)",
     )
     g.add_argument(
         "--model",
@@ -59,13 +66,15 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--variant",
-        default=env("KOKORO_VARIANT") or None,
-        help="use <models-dir>/kokoro-<variant>/ (vocab.json, *_voice.bin) [env KOKORO_VARIANT]",
+        default=env("KOKORO_VARIANT", _nonempty, None),
+        help="use <models-dir>/kokoro-<variant>/ (vocab.json, *_voice.bin) (default: none) "
+        "[env KOKORO_VARIANT]",
     )
     g.add_argument(
         "--voice",
-        default=env("KOKORO_VOICE") or None,
-        help="default voice (default jf_alpha) [env KOKORO_VOICE]",
+        default=env("KOKORO_VOICE", _nonempty, None),
+        help="voice of calls that set none; an unknown one fails at start-up "
+        f"(default: {DEFAULT_VOICE}, or with --variant its first voice file) [env KOKORO_VOICE]",
     )
     g.add_argument(
         "--voice-file",
@@ -77,29 +86,32 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--speed",
         type=_speed,
-        default=float(env("KOKORO_SPEED") or 1.0),
-        help="initial speed 0.5..2.0 [env KOKORO_SPEED]",
+        default=env("KOKORO_SPEED", _speed, 1.0),
+        help=f"initial speed {SPEED_MIN}..{SPEED_MAX} [env KOKORO_SPEED]",
     )
     g.add_argument(
         "--lang",
-        choices=("auto", "de", "en"),
-        default=env("KOKORO_LANG") or "auto",
+        choices=LANGS,
+        default=env("KOKORO_LANG", one_of(LANGS, "language"), "auto"),
         help="front-end language; auto uses the reference rule [env KOKORO_LANG]",
     )
     g.add_argument(
         "--g2p",
-        choices=("auto", "neural", "espeak"),
-        default=env("KOKORO_G2P") or "auto",
+        choices=G2PS,
+        default=env("KOKORO_G2P", one_of(G2PS, "G2P backend"), "auto"),
         help="G2P backend; neural needs --g2p-model, else espeak [env KOKORO_G2P]",
     )
     g.add_argument(
-        "--g2p-model", type=Path, default=None, help="neural G2P ONNX model (+ .json beside it)"
+        "--g2p-model",
+        type=Path,
+        default=None,
+        help="neural G2P ONNX model (+ .json beside it) (default: none)",
     )
     g.add_argument(
         "--threads",
         type=_threads,
-        default=int(env("KOKORO_THREADS") or 2),
-        help="onnxruntime intra-op threads [env KOKORO_THREADS]",
+        default=env("KOKORO_THREADS", _threads, 2),
+        help="onnxruntime intra-op threads, 1..64 [env KOKORO_THREADS]",
     )
     g.add_argument(
         "--device",
@@ -126,7 +138,7 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         help="words in the first phrase of an utterance (time to first audio)",
     )
     g.add_argument(
-        "--max-phrase-tokens", type=int, default=400, help="largest phrase per inference (<= 510)"
+        "--max-phrase-tokens", type=int, default=400, help="largest phrase per inference, 1..510"
     )
     g.add_argument(
         "--no-edge-cap",
@@ -158,11 +170,18 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    from engines.runtime.cli import common_parser, run_engine
+def build_parser() -> argparse.ArgumentParser:
+    from engines.runtime.cli import common_parser
 
     p = common_parser("kokoro", description="Kokoro-82M TTS engine (ONNX Runtime; CoreML on macOS)")
     add_kokoro_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engines.runtime.cli import run_engine
+
+    p = build_parser()
     args = p.parse_args(argv)
     if not 1 <= args.max_phrase_tokens <= 510:
         p.error("--max-phrase-tokens must be 1..510")

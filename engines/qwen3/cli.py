@@ -11,10 +11,14 @@ from pathlib import Path
 
 from engines.qwen3.paths import MODES
 from engines.qwen3.synthesizer import MAX_FRAMES_CAP, Qwen3Options, Qwen3Synthesizer
+from svc.cli import int_in
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Model/voice flags shared by ``ttsdock qwen3`` and ``ttsdock qwen3-synth``."""
+    """Model/voice flags shared by ``ttsdock qwen3`` and ``ttsdock qwen3-synth``.
+
+    Every help line states its default once, itself or through ``svc.cli.DefaultsFormatter``.
+    """
     g = p.add_argument_group("model")
     g.add_argument("--model-dir", type=Path, help="directory with the qwen3-tts-* files")
     g.add_argument(
@@ -22,30 +26,60 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default="customvoice",
         type=str.lower,
         choices=[*MODES, "custom_voice", "voice_design"],
-        help="checkpoint kind (default: customvoice)",
+        help="checkpoint kind",
     )
-    g.add_argument("--size", choices=["1.7b", "0.6b"], help="model size (default: what exists)")
-    g.add_argument("--talker-gguf", type=Path, help="explicit talker GGUF (overrides search)")
-    g.add_argument("--code-predictor-gguf", type=Path, help="explicit code predictor GGUF")
-    g.add_argument("--tokenizer-gguf", type=Path, help="explicit tokenizer GGUF")
-    g.add_argument("--vocoder-onnx", type=Path, help="explicit vocoder ONNX")
-    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    g.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    g.add_argument(
+        "--size", choices=["1.7b", "0.6b"], help="model size (default: the one in --model-dir)"
+    )
+    g.add_argument(
+        "--talker-gguf", type=Path, help="explicit talker GGUF (default: found in --model-dir)"
+    )
+    g.add_argument(
+        "--code-predictor-gguf",
+        type=Path,
+        help="explicit code predictor GGUF (default: found in --model-dir)",
+    )
+    g.add_argument(
+        "--tokenizer-gguf",
+        type=Path,
+        help="explicit tokenizer GGUF (default: found in --model-dir)",
+    )
+    g.add_argument(
+        "--vocoder-onnx", type=Path, help="explicit vocoder ONNX (default: found in --model-dir)"
+    )
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs")
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default="float32",
+        help="weight and activation precision of the talker and code predictor",
+    )
     v = p.add_argument_group("voice")
-    v.add_argument("--speaker", help="CustomVoice preset speaker (e.g. vivian)")
-    v.add_argument("--language", default="auto", help="language name or auto (default)")
+    v.add_argument(
+        "--speaker", help="CustomVoice preset speaker, e.g. vivian (default: the first preset)"
+    )
+    v.add_argument("--language", default="auto", help="language name or auto")
     v.add_argument("--instruct", help="style instruction (CustomVoice/VoiceDesign)")
     v.add_argument("--speaker-embedding", type=Path, help="Base: x-vector .npy file")
     v.add_argument("--ref-codes", type=Path, help="Base voice clone (ICL): reference codes .npy")
     v.add_argument("--ref-text", help="Base voice clone (ICL): transcript of the reference")
     v.add_argument("--non-streaming", action="store_true", help="feed all text before audio")
     v.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
-    v.add_argument("--seed", type=int, help="sampling seed")
+    v.add_argument("--seed", type=int, help="sampling seed (default: a random one)")
     v.add_argument(
         "--max-frames",
-        type=int,
+        type=int,  # range checked by options_from_args: one line, like the other errors
         default=MAX_FRAMES_CAP,
-        help=f"frames per utterance, 12.5 per second (default/maximum {MAX_FRAMES_CAP})",
+        help=f"frames per utterance, 12.5 per second, 1..{MAX_FRAMES_CAP}",
+    )
+
+
+def add_vocoder_threads(p: argparse._ActionsContainer) -> None:
+    p.add_argument(
+        "--vocoder-threads",
+        type=int_in(1, None, "--vocoder-threads"),
+        default=None,
+        help="ONNX Runtime threads of the vocoder (default: ONNX Runtime's choice)",
     )
 
 
@@ -81,17 +115,32 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    from engines.runtime.cli import common_parser, run_engine
+def build_parser() -> argparse.ArgumentParser:
+    from engines.runtime.cli import common_parser
 
     p = common_parser("qwen3", description="Qwen3-TTS engine (GGUF + ONNX vocoder) for ttsdock")
     add_model_arguments(p)
     s = p.add_argument_group("streaming")
-    s.add_argument("--chunk-frames", type=int, default=4, help="vocoder chunk (default 4)")
     s.add_argument(
-        "--first-chunk-frames", type=int, default=None, help="first chunk (default: chunk)"
+        "--chunk-frames",
+        type=int_in(1, None, "--chunk-frames"),
+        default=4,
+        help="codec frames per vocoder chunk",
     )
-    s.add_argument("--vocoder-threads", type=int, default=None, help="ONNX Runtime threads")
+    s.add_argument(
+        "--first-chunk-frames",
+        type=int_in(1, None, "--first-chunk-frames"),
+        default=None,
+        help="frames in the first chunk (default: --chunk-frames)",
+    )
+    add_vocoder_threads(s)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engines.runtime.cli import run_engine
+
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         opts = options_from_args(args)

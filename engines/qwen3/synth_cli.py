@@ -17,22 +17,24 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.qwen3.cli import add_model_arguments, options_from_args
+from engines.qwen3.cli import add_model_arguments, add_vocoder_threads, options_from_args
 from engines.qwen3.synthesizer import Qwen3Synthesizer
 from engines.qwen3.vocoder import SAMPLES_PER_FRAME
 from engines.runtime.synth import SAMPLE_RATE, SynthesisError
+from svc.cli import DefaultsFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ttsdock qwen3-synth",
         description="Synthesise one text offline with Qwen3-TTS (codes and/or WAV).",
+        formatter_class=DefaultsFormatter,
     )
     add_model_arguments(p)
     p.add_argument("--text", required=True, help="text to speak")
     p.add_argument("--codes-out", type=Path, help="write int64 codes [frames,16] (.npy)")
     p.add_argument("--wav-out", type=Path, help="write 16-bit mono 24 kHz WAV")
-    p.add_argument("--vocoder-threads", type=int, default=None, help="ONNX Runtime threads")
+    add_vocoder_threads(p)
     return p
 
 

@@ -7,47 +7,36 @@ event loop and the process exit status around ``engines.runtime.app``.
 
 Exit status: 0 after an orderly stop (CUSTOM SHUTDOWN from the dock, SIGTERM,
 SIGINT); 1 when the model cannot load or warm up (the engine then never
-docks); 2 for bad flags (argparse).
+docks); 2 for bad flags or a bad environment variable (argparse usage error,
+naming the flag or the variable).
+
+Every flag's environment variable goes through ``svc.cli.env_default``, which
+converts and checks it like the flag itself: argparse alone would skip the
+type and the choices of a default that is not a string.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from engines.runtime.synth import SAMPLE_RATE, Synthesizer
+from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
+from svc.cli import DefaultsFormatter, env_default, hostport, int_in, level, port
 
 DOCK_PORT_DEFAULT = 13143  # WIRE.md 1
 CMD_PORT_DEFAULT = 13144  # WIRE.md 1
-UDP_LOG_DEFAULT = "127.0.0.1:22022"  # WIRE.md 1
+UDP_LOG_PORT = 22022  # WIRE.md 1
+UDP_LOG_DEFAULT = f"127.0.0.1:{UDP_LOG_PORT}"
 MAX_CONCURRENT_DEFAULT = 4
 
-
-def _env(name: str, default: str) -> str:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
+T = TypeVar("T")
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_positive = int_in(1, None, "value")
 
 
 def _name(text: str) -> str:
@@ -60,88 +49,73 @@ def _name(text: str) -> str:
     return text
 
 
-def _level(text: str) -> str:
-    from svc.logs import parse_level
-
-    try:
-        parse_level(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text.strip().upper()
-
-
-def _hostport(text: str) -> tuple[str, int]:
-    from svc.logs import parse_hostport
-
-    try:
-        return parse_hostport(text, 22022)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--udp-log expects host:port, got {text!r}") from None
-
-
 def common_parser(engine: str, description: str | None = None) -> argparse.ArgumentParser:
     """The flags every engine shares; each also reads an environment variable (flag wins)."""
     p = argparse.ArgumentParser(
         prog=f"ttsdock {engine}",
         description=description or f"Run the {engine} TTS engine and dock it into ttsdock.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
+
+    def env(name: str, convert: Callable[[str], T], fallback: T) -> T:
+        return env_default(p, name, convert, fallback)
+
     g = p.add_argument_group("engine runtime (common to all engines)")
     g.add_argument(
         "--dock-host",
-        default=_env("TTSDOCK_DOCK_HOST", "127.0.0.1"),
+        default=env("TTSDOCK_DOCK_HOST", str, "127.0.0.1"),
         help="dock address to connect to [env TTSDOCK_DOCK_HOST]",
     )
     g.add_argument(
         "--dock-port",
-        type=_port,
-        default=_env("TTSDOCK_DOCK_PORT", str(DOCK_PORT_DEFAULT)),
+        type=port,
+        default=env("TTSDOCK_DOCK_PORT", port, DOCK_PORT_DEFAULT),
         help="dock engine port [env TTSDOCK_DOCK_PORT]",
     )
     g.add_argument(
         "--cmd-host",
-        default=_env("TTSDOCK_ENGINE_CMD_HOST", "127.0.0.1"),
+        default=env("TTSDOCK_ENGINE_CMD_HOST", str, "127.0.0.1"),
         help="engine cmd port address [env TTSDOCK_ENGINE_CMD_HOST]",
     )
     g.add_argument(
         "--cmd-port",
-        type=_port,
-        default=_env("TTSDOCK_ENGINE_CMD_PORT", str(CMD_PORT_DEFAULT)),
+        type=port,
+        default=env("TTSDOCK_ENGINE_CMD_PORT", port, CMD_PORT_DEFAULT),
         help="engine cmd port; 0 picks a free port (logged) [env TTSDOCK_ENGINE_CMD_PORT]",
     )
     g.add_argument(
         "--name",
         type=_name,
-        default=_env("TTSDOCK_ENGINE_NAME", engine),
+        default=env("TTSDOCK_ENGINE_NAME", _name, engine),
         help="name sent in the HELLO [env TTSDOCK_ENGINE_NAME]",
     )
     g.add_argument(
         "--log-level",
-        type=_level,
-        default=_env("TTSDOCK_LOG_LEVEL", "INFO"),
+        type=level,
+        default=env("TTSDOCK_LOG_LEVEL", level, "INFO"),
         help="ERROR, WARN, INFO, DEBUG or TRACE [env TTSDOCK_LOG_LEVEL]",
     )
     g.add_argument(
         "--max-concurrent",
         type=_positive,
-        default=_env("TTSDOCK_MAX_CONCURRENT", str(MAX_CONCURRENT_DEFAULT)),
+        default=env("TTSDOCK_MAX_CONCURRENT", _positive, MAX_CONCURRENT_DEFAULT),
         help="syntheses running at once over all calls; the rest wait in order "
         "[env TTSDOCK_MAX_CONCURRENT]",
     )
     g.add_argument(
         "--out-dir",
         type=Path,
-        default=Path(_env("TTSDOCK_OUT_DIR", ".")),
+        default=env("TTSDOCK_OUT_DIR", Path, Path(".")),
         help="directory SYNTH_WAV writes under (relative paths only) [env TTSDOCK_OUT_DIR]",
     )
     g.add_argument(
         "--udp-log",
         nargs="?",
-        type=_hostport,
+        type=hostport(UDP_LOG_PORT),
         const=UDP_LOG_DEFAULT,
-        default=os.environ.get("TTSDOCK_UDP_LOG") or None,
-        help=f"also send WhisperTalk UDP log lines (default {UDP_LOG_DEFAULT} when given "
-        "without a value) [env TTSDOCK_UDP_LOG]",
+        default=env("TTSDOCK_UDP_LOG", hostport(UDP_LOG_PORT), None),
+        help=f"also send WhisperTalk UDP log lines (default: off; {UDP_LOG_DEFAULT} when "
+        "given without a value) [env TTSDOCK_UDP_LOG]",
     )
     return p
 
@@ -154,9 +128,14 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
     """
     from engines.runtime.app import EngineConfig, serve_forever
 
-    udp = args.udp_log
-    if isinstance(udp, str):  # from the environment: not converted by argparse
-        udp = _hostport(udp)
+    speed = getattr(args, "speed", None)
+    speed = 1.0 if speed is None else float(speed)
+    if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
+        print(
+            f"ttsdock {args.name}: bad option: speed {speed} outside {SPEED_MIN}..{SPEED_MAX}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         config = EngineConfig(
             name=args.name,
@@ -167,8 +146,8 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
             max_concurrent=int(args.max_concurrent),
             out_dir=Path(args.out_dir),
             log_level=args.log_level,
-            udp_log=udp,
-            speed=float(getattr(args, "speed", None) or 1.0),
+            udp_log=args.udp_log,
+            speed=speed,
             voice=getattr(args, "voice", None),
         )
     except (TypeError, ValueError) as exc:

@@ -5,10 +5,22 @@ the reference (numbers like C++ ``std::to_string``, ms as integers); the
 extensions VOICES, SET_VOICE, GET_VOICE and STATS follow the same style.
 Rule 2: this file does not own sockets (``svc.net.start_cmd_server`` does)
 and never blocks the loop: syntheses and file writes run in threads.
+Rule 3: the offline syntheses (TEST_SYNTH, BENCHMARK, SYNTH_WAV) run one at a
+time (``CMD_SYNTH_SLOTS``), apart from ``--max-concurrent``, which belongs to
+the live calls: a cmd-port user can never run more than one extra synthesis
+beside them. A request finding the slot taken waits for it in arrival order
+(each BENCHMARK iteration takes it anew, so a TEST_SYNTH is not stuck behind a
+whole BENCHMARK) for at most ``CMD_SYNTH_WAIT`` seconds, then answers
+``ERROR:synthesis failed`` (a BENCHMARK counts that iteration as failed) and
+logs ``cmd_synthesis_busy``. The slot is given back when the synthesis thread
+ends, not when its request is abandoned. BENCHMARK runs 1..``BENCH_MAX``
+iterations (a larger count is capped, 0 becomes 1).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import os
 import time
@@ -39,6 +51,8 @@ log = structlog.get_logger(__name__)
 
 BENCH_DEFAULT = 5  # WIRE.md 6: BENCHMARK iterations when none given
 BENCH_MAX = 100
+CMD_SYNTH_SLOTS = 1  # offline syntheses running at once (Rule 3)
+CMD_SYNTH_WAIT = 60.0  # seconds a request waits for the slot before failing
 STATS_MAX_CALLS = 64  # calls listed one by one in STATS
 
 ERR_UNKNOWN = "ERROR:Unknown command"
@@ -93,6 +107,8 @@ class CommandHandler:
         self.dock = dock
         self.stats = stats
         self.out_dir = out_dir
+        self.synth_wait = CMD_SYNTH_WAIT
+        self._slot = asyncio.Semaphore(CMD_SYNTH_SLOTS)
         self._table: dict[str, Callable[[Command], Awaitable[str]]] = {
             "TEST_SYNTH": self.test_synth,
             "BENCHMARK": self.benchmark,
@@ -135,8 +151,28 @@ class CommandHandler:
         if not text.strip():
             return None
         try:
-            samples, elapsed = await in_thread(self._synth_blocking, text)
+            async with asyncio.timeout(self.synth_wait):
+                await self._slot.acquire()
+        except TimeoutError:
+            log.warning("cmd_synthesis_busy", waited_s=self.synth_wait)
+            return None
+        loop = asyncio.get_running_loop()
+        started = False
+
+        def run() -> tuple[FloatArray, float]:
+            nonlocal started
+            started = True
+            try:
+                return self._synth_blocking(text)
+            finally:  # in the thread: the slot stays taken while it computes
+                with contextlib.suppress(RuntimeError):  # loop closed at exit
+                    loop.call_soon_threadsafe(self._slot.release)
+
+        try:
+            samples, elapsed = await in_thread(run)
         except Exception as exc:
+            if not started:  # the thread never ran: nothing else gives the slot back
+                self._slot.release()
             log.error("synthesis_failed", source="cmd", error=f"{type(exc).__name__}: {exc}")
             return None
         if samples.size == 0:

@@ -6,20 +6,11 @@ Rule 2: this file does not know how they are printed beyond ``render_stats``.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterable
+
+from svc.stats import percentile
 
 WINDOW = 1000  # latency samples kept per metric (the most recent ones)
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); 0.0 for no values."""
-    s = sorted(values)
-    if not s:
-        return 0.0
-    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
-    return s[k]
 
 
 class LatencyWindow:
@@ -36,7 +27,7 @@ class LatencyWindow:
         self.count += 1
 
     def p(self, q: float) -> float:
-        return percentile(self.values, q)
+        return float(percentile(self.values, q))
 
 
 class RuntimeStats:
