@@ -441,11 +441,6 @@ async def test_ctl_against_dock_and_engine(
 
 
 # ------------------------------------------------------------- keepalive under contention
-@pytest.mark.xfail(
-    strict=False,
-    reason="being fixed: under heavy CPU contention the engine's loop can still miss the "
-    "dock's 600 ms keepalive",
-)
 async def test_keepalive_survives_cpu_contention(
     models_dir: Path, tmp_path: Path, cleanup: Cleanup
 ) -> None:

@@ -62,6 +62,11 @@ class EngineConn(asyncio.Protocol):
         self.reader = LineReader()
         self.decoder = EngineFrameDecoder()
         self.last_pong = 0.0
+        #: seconds since ``last_pong`` during which the dock's own loop was not running
+        #: (set by the keepalive task; see ``Dock._keepalive``), and whether the PONG
+        #: deadline had already passed at the previous keepalive tick
+        self.stall_credit = 0.0
+        self.overdue = False
         self.close_reason = "closed_by_engine"
         self._hello_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
@@ -135,6 +140,7 @@ class EngineConn(asyncio.Protocol):
         self.name = hello.name
         self.state = "docked"
         self.last_pong = self.loop.time()
+        self.stall_credit = 0.0
         self.transport.write(OK_LINE)
         self.generation = self.dock.engine_docked(self)
         if rest and self.state == "docked":
@@ -160,6 +166,8 @@ class EngineConn(asyncio.Protocol):
                     return
                 elif cls is Pong:
                     self.last_pong = self.loop.time()
+                    self.stall_credit = 0.0
+                    self.overdue = False
                 elif cls is Ping:
                     self.write(PONG_FRAME)
                 # CALL_END / SPEECH_* / CUSTOM from an engine: read fully and ignored
@@ -178,6 +186,10 @@ class EngineConn(asyncio.Protocol):
             )
             self.close_reason = "protocol_error:" + exc.reason
             self.abort()
+
+    def silent_for(self, now: float) -> float:
+        """Seconds without a PONG, not counting time the dock's loop was stalled."""
+        return now - self.last_pong - self.stall_credit
 
     # -- control ----------------------------------------------------------------------
     def write(self, data: bytes) -> None:

@@ -56,6 +56,7 @@ FLUSH_REPLY_TIMEOUT = 0.2  # FLUSH_TTS reply awaited at most 200 ms
 PING_INTERVAL = 0.2  # WIRE.md 3: PING the active engine every 200 ms
 PONG_TIMEOUT = 0.6  # WIRE.md 3: > 600 ms without a PONG clears the slot
 KEEPALIVE_TICK = 0.05  # how often the PONG deadline is checked
+STALL_SLACK = 0.1  # a keepalive tick later than this: the dock itself was stalled
 HOLD_SWEEP = 0.1  # how often held text is checked against its deadline
 _OAP_HDR = struct.Struct(">III")  # frame length, call_id, payload_size
 
@@ -492,24 +493,44 @@ class Dock:
                 log.info("engine_closed", generation=conn.generation, reason=reason)
 
     async def _keepalive(self) -> None:
-        """PING the active engine every 200 ms; > 600 ms without PONG clears the slot."""
+        """PING the active engine every 200 ms; > 600 ms without PONG clears the slot.
+
+        Only time during which the dock could have read a PONG counts as silence:
+        when this task wakes more than ``STALL_SLACK`` late, the dock's own process
+        was not running (host overloaded, VM paused), the engine's answers may be
+        sitting unread in the socket, so the lateness is credited to the engine.
+        And a deadline seen at one tick only clears the slot if it still holds at
+        the next tick: the loop has polled its sockets in between (uvloop runs due
+        timers before it reads), so a PONG that was already there counts.
+        """
         next_ping = 0.0
+        last_tick = self.loop.time()
         while True:
             await asyncio.sleep(KEEPALIVE_TICK)
+            now = self.loop.time()
+            late = now - last_tick - KEEPALIVE_TICK
+            last_tick = now
             eng = self.engine
             if eng is None:
                 continue
-            now = self.loop.time()
-            if now - eng.last_pong > PONG_TIMEOUT:
-                self.stats.keepalive_timeouts += 1
-                log.warning(
-                    "keepalive_timed_out",
-                    engine=eng.name,
-                    generation=eng.generation,
-                    silent_ms=int((now - eng.last_pong) * 1000),
-                )
-                eng.abort("keepalive_timeout")
-                continue
+            if late > STALL_SLACK:
+                eng.stall_credit += late
+                log.info("keepalive_stalled", engine=eng.name, late_ms=int(late * 1000))
+            silent = eng.silent_for(now)
+            if silent > PONG_TIMEOUT:
+                if eng.overdue:
+                    self.stats.keepalive_timeouts += 1
+                    log.warning(
+                        "keepalive_timed_out",
+                        engine=eng.name,
+                        generation=eng.generation,
+                        silent_ms=int(silent * 1000),
+                    )
+                    eng.abort("keepalive_timeout")
+                    continue
+                eng.overdue = True
+            else:
+                eng.overdue = False
             if now >= next_ping:
                 eng.write(PING_FRAME)
                 next_ping = now + PING_INTERVAL

@@ -2,13 +2,14 @@
 
 Rule 1: a backend turns (tokens, style, speed) into raw 24 kHz float32 audio
 and knows nothing about text, phrases or calls.
-Rule 2: a backend run can be abandoned from another thread (``CancelWatcher``),
-so a barge-in stops the model within milliseconds, not at the next phrase.
+Rule 2: a backend run can be abandoned from another thread: the cancel token's
+``on_cancel`` callback sets ``RunOptions.terminate`` the moment the token fires
+(no polling thread), so a barge-in stops the model within milliseconds, not at
+the next phrase.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Sequence
@@ -22,8 +23,6 @@ from engines.kokoro.models import ModelFileError
 from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled, SynthesisError
 
 log = structlog.get_logger(__name__)
-
-CANCEL_POLL_S = 0.005  # how often a running inference looks at its cancel token
 
 # Edge caps (frames of 600 samples = 25 ms). The graph gives the leading pad about
 # 13 frames and a final mark plus the trailing pad about 8-16 frames, all silence
@@ -115,56 +114,6 @@ def capped_model_source(model_path: Path) -> str | bytes | None:
     return str(target)
 
 
-class CancelWatcher:
-    """One thread that sets ``RunOptions.terminate`` for runs whose token fired.
-
-    It sleeps on a condition while no run is active, so an idle engine costs nothing.
-    """
-
-    def __init__(self, interval: float = CANCEL_POLL_S) -> None:
-        self.interval = interval
-        self._cond = threading.Condition()
-        self._active: dict[int, tuple[CancelToken, Any]] = {}
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    def watch(self, token: CancelToken, run_options: Any) -> int:
-        with self._cond:
-            key = next(self._ids)
-            self._active[key] = (token, run_options)
-            if self._thread is None and not self._stopped:
-                self._thread = threading.Thread(
-                    target=self._loop, name="kokoro-cancel-watch", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-            return key
-
-    def unwatch(self, key: int) -> None:
-        with self._cond:
-            self._active.pop(key, None)
-
-    def _loop(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                if not self._active:
-                    self._cond.wait()
-                    continue
-                for token, run_options in self._active.values():
-                    if token.cancelled:
-                        run_options.terminate = True
-                self._cond.wait(self.interval)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
-            self._thread = None
-
-
 class OnnxBackend:
     """Kokoro as one ONNX graph (``tokens``/``input_ids``, ``style``, ``speed`` -> ``audio``).
 
@@ -197,7 +146,6 @@ class OnnxBackend:
         self.device = device
         self.spinning = spinning
         self._gate = threading.BoundedSemaphore(max(1, max_parallel))
-        self._watcher = CancelWatcher()
         self.session: Any = None
         self.providers: list[str] = []
         self._tokens_name = "tokens"
@@ -296,7 +244,7 @@ class OnnxBackend:
         run_options.log_severity_level = 4  # a terminated run is not an error worth a line
         with self._gate:
             cancel.raise_if_cancelled()
-            key = self._watcher.watch(cancel, run_options)
+            forget = cancel.on_cancel(lambda: _terminate(run_options))
             try:
                 outputs = self.session.run(None, feeds, run_options)
             except Exception as exc:
@@ -304,9 +252,13 @@ class OnnxBackend:
                     raise SynthesisCancelled() from None
                 raise SynthesisError(f"inference failed: {exc}") from exc
             finally:
-                self._watcher.unwatch(key)
+                forget()
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def close(self) -> None:
-        self._watcher.stop()
         self.session = None
+
+
+def _terminate(run_options: Any) -> None:
+    """Ask onnxruntime to abandon the run (checked between graph nodes)."""
+    run_options.terminate = True

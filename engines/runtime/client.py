@@ -48,6 +48,7 @@ HELLO_TIMEOUT = 2.0  # WIRE.md 3: HELLO answer timeout 2 s
 RETRY_DELAY = 0.2  # WIRE.md 3: reconnect every 200 ms, retry 200 ms after ERR
 DOCK_SILENCE = 1.0  # no frame at all for 1 s: the dock (PING every 200 ms) is gone
 SILENCE_CHECK = 0.1  # how often the silence rule is checked
+STALL_SLACK = 0.1  # a check later than this: our own process was stalled (not counted)
 WRITE_HIGH_WATER = 512 * 1024  # bytes buffered towards the dock before senders wait
 UNREACHABLE_LOG_EVERY = 30.0  # seconds between repeated "dock unreachable" INFO lines
 
@@ -324,6 +325,17 @@ class EngineClient:
             self.handler.on_undocked()
 
     async def _watch(self, link: DockLink, stop_wait: asyncio.Future[bool]) -> str:
+        """Until the link closes, stop is set, or the dock is silent for ``DOCK_SILENCE``.
+
+        Silence counts only time during which this loop could read: a check that
+        wakes more than ``STALL_SLACK`` late (the process was descheduled) credits
+        the lateness, and the verdict needs two checks in a row, so frames that
+        arrived during a stall are read first (uvloop runs due timers before I/O).
+        """
+        last_check = time.monotonic()
+        credit = 0.0
+        credit_rx = link.last_rx
+        overdue = False
         while True:
             waits: set[asyncio.Future[Any]] = {link.lost, stop_wait}
             done, _ = await asyncio.wait(
@@ -335,9 +347,21 @@ class EngineClient:
                 self.stats.dock_losses += 1
                 log.warning("dock_lost", reason="connection closed")
                 return "lost"
-            silent = time.monotonic() - link.last_rx
-            if silent > DOCK_SILENCE:
-                self.stats.dock_losses += 1
-                log.warning("dock_lost", reason="silent", silent_s=round(silent, 3))
-                link.abort()
-                return "lost"
+            now = time.monotonic()
+            late = now - last_check - SILENCE_CHECK
+            last_check = now
+            if link.last_rx != credit_rx:  # a frame arrived: the credit starts over
+                credit_rx, credit = link.last_rx, 0.0
+            if late > STALL_SLACK:
+                credit += late
+            silent = now - link.last_rx - credit
+            if silent <= DOCK_SILENCE:
+                overdue = False
+                continue
+            if not overdue:
+                overdue = True
+                continue
+            self.stats.dock_losses += 1
+            log.warning("dock_lost", reason="silent", silent_s=round(silent, 3))
+            link.abort()
+            return "lost"

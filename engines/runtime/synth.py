@@ -15,7 +15,7 @@ synthesised at once, a *chunk* is what ``synthesize`` yields (float32 mono at
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,16 +45,30 @@ class CancelToken:
     """A thread-safe, one-way flag: set by the event loop, polled by the model thread.
 
     Synthesisers check it at every natural step (Kokoro: between phrases;
-    Qwen3: every frame) and stop with ``SynthesisCancelled``.
+    Qwen3: every frame) and stop with ``SynthesisCancelled``. A model call that
+    can be interrupted from outside registers ``on_cancel`` instead of polling
+    (a polling thread wakes the process and takes the GIL hundreds of times a
+    second while the event loop needs it).
     """
 
-    __slots__ = ("_event",)
+    __slots__ = ("_callbacks", "_event", "_lock")
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], object]] = []
 
     def cancel(self) -> None:
-        self._event.set()
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # a callback must never break the canceller (the event loop)
+                pass
 
     @property
     def cancelled(self) -> bool:
@@ -63,6 +77,33 @@ class CancelToken:
     def raise_if_cancelled(self) -> None:
         if self._event.is_set():
             raise SynthesisCancelled()
+
+    def on_cancel(self, fn: Callable[[], object]) -> Callable[[], None]:
+        """Call ``fn`` once when the token fires (at once if it already has).
+
+        ``fn`` runs in the cancelling thread (normally the event loop): it must be
+        quick and must not block. Returns a function that unregisters ``fn``.
+        """
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return lambda: self._forget(fn)
+        try:
+            fn()
+        except Exception:
+            pass
+        return _noop
+
+    def _forget(self, fn: Callable[[], object]) -> None:
+        with self._lock:
+            try:
+                self._callbacks.remove(fn)
+            except ValueError:
+                pass
+
+
+def _noop() -> None:
+    pass
 
 
 @dataclass
