@@ -192,10 +192,19 @@ class EngineConn(asyncio.Protocol):
         return now - self.last_pong - self.stall_credit
 
     # -- control ----------------------------------------------------------------------
-    def write(self, data: bytes) -> None:
+    def writable(self) -> bool:
+        """``False`` once the transport is closing (aborted, ``connection_lost`` pending):
+        a write would be dropped silently."""
+        t = self.transport
+        return t is not None and not t.is_closing()
+
+    def write(self, data: bytes) -> bool:
+        """Write now; ``False`` (nothing written) when the transport is gone or closing."""
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
+            return True
+        return False
 
     def buffered(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0

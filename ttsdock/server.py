@@ -2,9 +2,18 @@
 
 One ``Dock`` object is the lifecycle owner (in the manner of aiohttp's runner): it is given
 bound listening sockets, starts every server and task, and on shutdown closes listeners and
-connections and cancels and awaits every task it started (``Supervisor``). The per-frame
-work lives in the thin protocol shells of ``channels`` and ``engine_conn``; decisions live
-in the sans-I/O cores ``slot``, ``calls`` and ``hold``.
+connections and cancels and awaits every task it started (``Supervisor``).
+
+A long-lived task (OAP connectors, keepalive, hold sweeper, systemd watchdog) that dies is
+fatal, by choice over an in-process restart: its state at the failure is unknown (a
+keepalive that died mid-tick, a connector that no longer reconnects), a dock quietly
+running without OAP or keepalive is worse than a short outage, and the engines and LLaMA
+reconnect on their own (every 200 ms, WIRE.md 2). The dock logs ``task_failed``, stops
+in order and ``serve`` returns exit status 1, so that systemd's ``Restart=on-failure``
+starts a fresh dock. Short-lived helper tasks (a FLUSH_TTS reply wait) are only logged.
+
+The per-frame work lives in the thin protocol shells of ``channels`` and ``engine_conn``;
+decisions live in the sans-I/O cores ``slot``, ``calls`` and ``hold``.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,22 +71,38 @@ _OAP_HDR = struct.Struct(">III")  # frame length, call_id, payload_size
 
 
 class Supervisor:
-    """Owns every task the dock starts; ``close`` cancels and awaits them all."""
+    """Owns every task the dock starts; ``close`` cancels and awaits them all.
 
-    def __init__(self) -> None:
+    A task spawned ``critical`` must run until ``close``: if it raises, ``on_fatal`` is
+    called with it (the dock stops with exit status 1). A failed non-critical task is
+    only logged."""
+
+    def __init__(self, on_fatal: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.critical: set[asyncio.Task[Any]] = set()
+        self.on_fatal = on_fatal
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], name: str, *, critical: bool = False
+    ) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self.tasks.add(task)
+        if critical:
+            self.critical.add(task)
         task.add_done_callback(self._done)
         return task
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
+        critical = task in self.critical
+        self.critical.discard(task)
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
-            log.error("task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+            log.error(
+                "task_failed", task=task.get_name(), error=repr(exc), fatal=critical, exc_info=exc
+            )
+            if critical and self.on_fatal is not None:
+                self.on_fatal(task)
 
     async def close(self) -> None:
         while self.tasks:
@@ -148,7 +173,8 @@ class Dock:
         self.oap_pending_bytes = 0
         self._batch: list[bytes] = []  # header/body pairs of chunks of the current engine read
         self._batch_size = 0
-        self.supervisor = Supervisor()
+        self.supervisor = Supervisor(on_fatal=self._task_died)
+        self.exit_code = 0  # 1 once a critical task has died (``serve`` returns it)
         self.servers: list[asyncio.Server] = []
         self.ports: dict[str, int] = {}
         self.started_at = time.monotonic()
@@ -184,11 +210,13 @@ class Dock:
             if not is_loopback(host):
                 log.warning("listener_not_loopback", listener=name, host=host)
         sup = self.supervisor
-        sup.spawn(self._oap_connector("oap_mgmt", self.cfg.oap_mgmt_port), "oap_mgmt")
-        sup.spawn(self._oap_connector("oap_data", self.cfg.oap_data_port), "oap_data")
-        sup.spawn(self._keepalive(), "keepalive")
-        sup.spawn(self._hold_sweeper(), "hold_sweeper")
-        sup.spawn(watchdog_loop(), "watchdog")
+        oap_mgmt = self._oap_connector("oap_mgmt", self.cfg.oap_mgmt_port)
+        sup.spawn(oap_mgmt, "oap_mgmt", critical=True)
+        oap_data = self._oap_connector("oap_data", self.cfg.oap_data_port)
+        sup.spawn(oap_data, "oap_data", critical=True)
+        sup.spawn(self._keepalive(), "keepalive", critical=True)
+        sup.spawn(self._hold_sweeper(), "hold_sweeper", critical=True)
+        sup.spawn(watchdog_loop(), "watchdog", critical=True)
         log.info(
             "dock_started",
             pid=os.getpid(),
@@ -197,6 +225,14 @@ class Dock:
             **{f"{k}_port": v for k, v in self.ports.items()},
         )
         return dict(self.ports)
+
+    def _task_died(self, task: asyncio.Task[Any]) -> None:
+        """A critical task raised: stop the dock, exit status 1 (see the module docstring)."""
+        if self.closing:
+            return
+        self.exit_code = 1
+        log.error("dock_task_died", task=task.get_name(), action="stopping, exit status 1")
+        self.stopping.set()
 
     async def stop(self) -> None:
         log.info("dock_stopping")
@@ -376,7 +412,9 @@ class Dock:
             self._warn_drop("text_dropped", cid, "call_ended")
             return
         eng = self.engine
-        if eng is not None:
+        # an engine that is closing (aborted, connection_lost not yet run) would drop the
+        # write silently: hold the text for the next engine as if none were docked
+        if eng is not None and eng.writable():
             self._send_text(eng, pkt)
             return
         discard = self.hold.hold(cid, pkt.payload, time.monotonic())
@@ -390,7 +428,10 @@ class Dock:
             self.stats.drops["engine_backlog"] += 1
             self._warn_drop("text_dropped", pkt.call_id, "engine_backlog")
             return
-        eng.write(encode_engine_frame(pkt))
+        if not eng.write(encode_engine_frame(pkt)):
+            self.stats.drops["engine_closing"] += 1
+            self._warn_drop("text_dropped", pkt.call_id, "engine_closing")
+            return
         self.stats.text_frames_to_engine += 1
         self.stats.text_bytes_to_engine += len(pkt.payload)
 
@@ -418,8 +459,7 @@ class Dock:
                 self.stats.drops["mgmt_oap_down"] += 1
                 self._warn_drop("mgmt_dropped", cid, "oap_mgmt_down", type=type(msg).__name__)
             eng = self.engine
-            if eng is not None:
-                eng.write(mgmt_frame(msg))
+            if eng is not None and eng.write(mgmt_frame(msg)):
                 self.stats.mgmt_frames_to_engine += 1
         elif action is Action.DROP:
             reason = "duplicate_call_end" if isinstance(msg, CallEnd) else "speech_after_end"
@@ -574,7 +614,7 @@ async def serve(cfg: Config) -> int:
         if cfg.ready_file is not None:
             with contextlib.suppress(OSError):
                 cfg.ready_file.unlink()
-    return 0
+    return dock.exit_code
 
 
 def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

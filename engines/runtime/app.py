@@ -1,8 +1,13 @@
 """The engine process: one place that starts and stops everything (STYLE.md 2).
 
 Rule 1: lifecycle only: load + warm up off-loop, then the dock client, the
-cmd port and the systemd watchdog run side by side until SHUTDOWN, SIGTERM
-or SIGINT; then an orderly stop within ``SHUTDOWN_BUDGET`` and exit 0.
+cmd port, the idle-call sweeper and the systemd watchdog run side by side
+until SHUTDOWN, SIGTERM or SIGINT; then an orderly stop within
+``SHUTDOWN_BUDGET`` and exit 0. Every one of those tasks is watched: if one
+raises (or the dock client returns before a stop was asked for), the engine
+logs ``task_failed`` and stops with exit status 1, so that systemd's
+``Restart=on-failure`` starts it afresh instead of an engine that no longer
+docks but keeps serving its cmd port.
 Rule 2: this file routes events (dock frames -> calls) but holds no protocol
 or call logic itself.
 """
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from engines.runtime.calls import CallManager, EngineSettings
+from engines.runtime.calls import CALL_IDLE_S, MAX_CALLS, CallManager, EngineSettings
 from engines.runtime.client import EngineClient
 from engines.runtime.cmdport import CommandHandler
 from engines.runtime.stats import RuntimeStats
@@ -57,10 +62,16 @@ class EngineConfig:
     udp_log: tuple[str, int] | None = None
     speed: float = 1.0
     voice: str | None = None
+    call_idle_s: float = CALL_IDLE_S  # a call without events this long is forgotten
+    max_calls: int = MAX_CALLS  # live calls kept (least recently active idle one evicted)
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+        if not self.call_idle_s > 0:
+            raise ValueError(f"call_idle_s must be > 0, got {self.call_idle_s}")
+        if self.max_calls < 1:
+            raise ValueError(f"max_calls must be >= 1, got {self.max_calls}")
         if not 0 <= self.dock_port <= 65535 or not 0 <= self.cmd_port <= 65535:
             raise ValueError("ports must be in 0..65535")
 
@@ -77,13 +88,20 @@ class Engine:
             config.name, config.dock_host, config.dock_port, self, self.stats
         )
         self.calls = CallManager(
-            synth, self.client, self.stats, self.settings, config.max_concurrent
+            synth,
+            self.client,
+            self.stats,
+            self.settings,
+            config.max_concurrent,
+            idle_s=config.call_idle_s,
+            max_calls=config.max_calls,
         )
         self.commands = CommandHandler(
             synth, self.settings, self.calls, self.client, self.stats, config.out_dir
         )
         self.stop = asyncio.Event()
         self.stop_reason = ""
+        self.exit_code = 0  # 1 once a long-lived task has failed
         self.cmd_server: asyncio.Server | None = None
         self.cmd_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,8 +150,25 @@ class Engine:
         self._tasks = [
             asyncio.create_task(self.client.run(self.stop), name="dock-client"),
             asyncio.create_task(self._serve_cmd(), name="cmd-port"),
+            asyncio.create_task(self.calls.sweep_forever(), name="call-sweeper"),
             asyncio.create_task(watchdog_loop(), name="watchdog"),
         ]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A long-lived task ended: fatal (exit 1) if it raised, or if the dock client
+        gave up before a stop was asked for; anything else (cancelled at shutdown, the
+        cmd port bound, no systemd watchdog configured) is a normal end."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None and not (task.get_name() == "dock-client" and not self.stop.is_set()):
+            return
+        self.exit_code = 1
+        error = repr(exc) if exc is not None else "returned before stop"
+        log.error("task_failed", task=task.get_name(), error=error, exc_info=exc)
+        self.request_stop(f"task_failed:{task.get_name()}")
 
     async def _serve_cmd(self) -> None:
         c = self.config
@@ -234,7 +269,7 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
         return 0
     sd_notify("READY=1")
     await engine.run()
-    return 0
+    return engine.exit_code
 
 
 def _load_and_warm(synth: Synthesizer) -> None:

@@ -14,6 +14,15 @@ sender checks that token immediately before every socket write with no
 ``await`` in between, so no audio packet of that call is written after the
 SPEECH_ACTIVE frame has been processed (packets already produced are dropped
 and counted as ``packets_suppressed``).
+
+Bounded calls: a call whose CALL_END never arrives (LLaMA crashed, a dock
+restart lost it) must not keep its worker forever. A call that is not
+speaking (nothing queued, no utterance in progress) is evicted after
+``idle_s`` without any event of its own, and when more than ``max_calls``
+calls are live the least recently active idle call is evicted to make room.
+A speaking call is never evicted. An evicted call that later gets text simply
+reopens (fresh ``CallState``). Evictions are counted (``calls_evicted``) and
+logged (``call_evicted``).
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
 ENDED_MEMORY = 1000  # WIRE.md 2: remember at least the last 1000 ended call ids
 SLOT_POLL = 0.1  # seconds: a blocked producer re-checks its cancel token this often
 SYNTH_NICE = 0  # opt-in: synthesis threads may run this much below the loop thread (Linux)
+CALL_IDLE_S = 600.0  # a call silent (no text, no speech event) this long is evicted
+MAX_CALLS = 4096  # live calls kept; beyond, the least recently active idle call is evicted
 
 
 def lower_thread_priority(nice: int | None = None) -> None:
@@ -222,6 +233,7 @@ class CallWorker:
         self.utterances = 0
         self.packets = 0
         self.bargeins = 0
+        self.last_active = 0.0  # clock time of the call's last event (or end of speech)
 
     @property
     def call_id(self) -> int:
@@ -253,6 +265,11 @@ class CallWorker:
     def depth(self) -> int:
         return len(self.queue) + (1 if self.current is not None else 0)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing being spoken: the call may be evicted."""
+        return self.phase is not CallPhase.SPEAKING and not self.queue and self.current is None
+
 
 class CallManager:
     """All calls of the engine; the dock client calls ``on_*`` from the event loop."""
@@ -264,15 +281,28 @@ class CallManager:
         stats: RuntimeStats,
         settings: EngineSettings,
         max_concurrent: int,
+        *,
+        idle_s: float = CALL_IDLE_S,
+        max_calls: int = MAX_CALLS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
+        if not idle_s > 0:
+            raise ValueError(f"call idle time must be > 0 s, got {idle_s}")
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be >= 1, got {max_calls}")
         self.synth = synth
         self.sink = sink
         self.stats = stats
         self.settings = settings
         self.max_concurrent = max_concurrent
-        self.calls: dict[int, CallWorker] = {}
+        self.idle_s = idle_s
+        self.max_calls = max_calls
+        self.clock = clock
+        #: live calls, least recently active first (``_touch`` moves a call to the end)
+        self.calls: OrderedDict[int, CallWorker] = OrderedDict()
+        self.calls_evicted: dict[str, int] = {"idle": 0, "cap": 0}
         self._ended: OrderedDict[int, None] = OrderedDict()
         self._sem = asyncio.Semaphore(max_concurrent)
         self.waiting = 0  # utterances waiting for a synthesis slot
@@ -298,6 +328,7 @@ class CallManager:
                 del self._ended[call_id]
                 log.info("call_reopened", call_id=call_id)
             w = self._open(call_id)
+        self._touch(w)
         if len(w.queue) >= MAX_QUEUED_TEXTS:
             self._drop(call_id, "queue_full")
             return
@@ -311,6 +342,7 @@ class CallManager:
             if call_id in self._ended or self.closing:
                 return
             w = self._open(call_id)
+        self._touch(w)
         if w.cut(t_rx_ns):
             w.bargeins += 1
             self.stats.bargeins += 1
@@ -324,6 +356,7 @@ class CallManager:
             if call_id in self._ended or self.closing:
                 return
             w = self._open(call_id)  # prewarm: the caller will likely get an answer soon
+        self._touch(w)
         w.apply(CallInput.SPEECH_IDLE)
 
     def on_call_end(self, call_id: int) -> None:
@@ -353,8 +386,16 @@ class CallManager:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def _touch(self, w: CallWorker) -> None:
+        w.last_active = self.clock()
+        if self.calls.get(w.call_id) is w:
+            self.calls.move_to_end(w.call_id)
+
     def _open(self, call_id: int) -> CallWorker:
+        if len(self.calls) >= self.max_calls:
+            self._evict_over_cap(self.max_calls - 1)
         w = CallWorker(call_id)
+        w.last_active = self.clock()
         self.calls[call_id] = w
         self.stats.calls_started += 1
         ctx = contextvars.copy_context()
@@ -366,6 +407,57 @@ class CallManager:
         task.add_done_callback(self._tasks.discard)
         log.debug("call_opened", call_id=call_id)
         return w
+
+    def _evict(self, w: CallWorker, reason: str) -> None:
+        """Forget an idle call without CALL_END; its worker task ends at once."""
+        assert w.idle, "a speaking call is never evicted"
+        del self.calls[w.call_id]
+        w.apply(CallInput.CALL_END)
+        w.closed = True
+        w.wakeup.set()
+        self.calls_evicted[reason] += 1
+        log.info(
+            "call_evicted",
+            call_id=w.call_id,
+            reason=reason,
+            idle_s=round(self.clock() - w.last_active, 1),
+            utterances=w.utterances,
+            live=len(self.calls),
+        )
+
+    def _evict_over_cap(self, keep: int) -> int:
+        """Evict least recently active idle calls until at most ``keep`` remain."""
+        evicted = 0
+        if len(self.calls) <= keep:
+            return 0
+        for w in list(self.calls.values()):  # least recently active first
+            if len(self.calls) <= keep:
+                break
+            if w.idle:
+                self._evict(w, "cap")
+                evicted += 1
+        if len(self.calls) > keep:
+            log.warning("calls_over_cap", live=len(self.calls), cap=self.max_calls)
+        return evicted
+
+    def sweep(self) -> int:
+        """Evict calls idle for ``idle_s`` or more, then enforce ``max_calls``; the count."""
+        limit = self.clock() - self.idle_s
+        evicted = 0
+        for w in list(self.calls.values()):
+            if w.last_active > limit:
+                break  # ordered by activity: every later call is more recent
+            if w.idle:
+                self._evict(w, "idle")
+                evicted += 1
+        return evicted + self._evict_over_cap(self.max_calls)
+
+    async def sweep_forever(self) -> None:
+        """The engine's idle-call sweeper task (``Engine.start``)."""
+        interval = min(max(self.idle_s / 4, 0.01), 30.0)
+        while not self.closing:
+            await asyncio.sleep(interval)
+            self.sweep()
 
     def _drop(self, call_id: int, reason: str) -> None:
         self.stats.texts_dropped += 1
@@ -397,6 +489,8 @@ class CallManager:
         while not w.closed:
             if not w.queue:
                 w.apply(CallInput.DRAINED)
+                if w.utterances:  # idle time counts from the end of the last utterance
+                    self._touch(w)
                 w.wakeup.clear()
                 await w.wakeup.wait()
                 continue
