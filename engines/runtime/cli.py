@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
-from svc.cli import DefaultsFormatter, env_default, hostport, int_in, level, port
+from svc.cli import DefaultsFormatter, env_default, float_in, hostport, int_in, level, port
 
 DOCK_PORT_DEFAULT = 13143  # WIRE.md 1
 CMD_PORT_DEFAULT = 13144  # WIRE.md 1
@@ -37,6 +37,7 @@ T = TypeVar("T")
 
 
 _positive = int_in(1, None, "value")
+_positive_float = float_in(1.0, 7 * 86400.0, "seconds")
 
 
 def _name(text: str) -> str:
@@ -103,6 +104,20 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
         "[env TTSDOCK_MAX_CONCURRENT]",
     )
     g.add_argument(
+        "--call-idle-s",
+        type=_positive_float,
+        default=env("TTSDOCK_CALL_IDLE_S", _positive_float, 600.0),
+        help="a call with no text or event for this long (and not speaking) is forgotten "
+        "[env TTSDOCK_CALL_IDLE_S]",
+    )
+    g.add_argument(
+        "--max-calls",
+        type=_positive,
+        default=env("TTSDOCK_MAX_CALLS", _positive, 4096),
+        help="live calls kept; beyond it the least recently active idle call is forgotten "
+        "[env TTSDOCK_MAX_CALLS]",
+    )
+    g.add_argument(
         "--out-dir",
         type=Path,
         default=env("TTSDOCK_OUT_DIR", Path, Path(".")),
@@ -144,6 +159,8 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
             cmd_host=args.cmd_host,
             cmd_port=int(args.cmd_port),
             max_concurrent=int(args.max_concurrent),
+            call_idle_s=float(args.call_idle_s),
+            max_calls=int(args.max_calls),
             out_dir=Path(args.out_dir),
             log_level=args.log_level,
             udp_log=args.udp_log,

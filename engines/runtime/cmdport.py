@@ -324,6 +324,8 @@ class CommandHandler:
             f"calls_active={len(calls.calls)}",
             f"calls_started={st.calls_started}",
             f"calls_ended={st.calls_ended}",
+            f"calls_evicted_idle={calls.calls_evicted['idle']}",
+            f"calls_evicted_cap={calls.calls_evicted['cap']}",
             f"syntheses_running={calls.running}",
             f"syntheses_waiting={calls.waiting}",
             f"max_concurrent={calls.max_concurrent}",
