@@ -34,7 +34,6 @@ import contextlib
 import importlib.resources as resources
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,16 @@ for extra in (ROOT, ROOT / "scripts"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from demo import CallAudio, FakeOap, ctl, free_port, wait_for  # noqa: E402
+from demo import (  # noqa: E402
+    PORT_NAMES,
+    CallAudio,
+    FakeOap,
+    ctl,
+    free_port,
+    start_processes,
+    stop_processes,
+    wait_for,
+)
 
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
@@ -207,54 +215,6 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
 
 # -- through the dock ----------------------------------------------------------------------
 
-PORT_NAMES = ("llama_mgmt", "llama_data", "cmd", "dock", "oap_mgmt", "oap_data", "engine_cmd")
-
-
-def start_processes(
-    args: argparse.Namespace, ports: dict[str, int], mdir: Path, log_dir: Path
-) -> list[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    exe = [sys.executable, "-m", "ttsdock"]
-    dock_cmd = [
-        *exe, "serve",
-        "--llama-mgmt-port", str(ports["llama_mgmt"]),
-        "--llama-data-port", str(ports["llama_data"]),
-        "--cmd-port", str(ports["cmd"]),
-        "--dock-port", str(ports["dock"]),
-        "--oap-mgmt-port", str(ports["oap_mgmt"]),
-        "--oap-data-port", str(ports["oap_data"]),
-    ]  # fmt: skip
-    engine_cmd = [
-        *exe, "kokoro",
-        "--dock-port", str(ports["dock"]),
-        "--cmd-port", str(ports["engine_cmd"]),
-        "--models-dir", str(mdir),
-        "--voice", VOICE,
-        "--threads", str(args.threads),
-        "--prompt-cache-mb", "0",
-        "--first-phrase-words", str(args.first_phrase_words),
-    ]  # fmt: skip
-    if args.no_edge_cap:
-        engine_cmd.append("--no-edge-cap")
-    procs = []
-    for name, cmd in (("dock", dock_cmd), ("kokoro", engine_cmd)):
-        with open(log_dir / f"{name}.log", "wb") as log_file:
-            procs.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env))
-    return procs
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in reversed(procs):  # the engine first, then the dock
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
 
 def parse_stats(line: str) -> dict[str, float]:
     out: dict[str, float] = {}
@@ -275,7 +235,16 @@ async def dock_rows(
         await asyncio.start_server(oap.on_data, "127.0.0.1", ports["oap_data"]),
     ]
     log_dir = Path(args.log_dir)
-    procs = await asyncio.to_thread(start_processes, args, ports, mdir, log_dir)
+    engine_args = [
+        "--models-dir", str(mdir),
+        "--voice", VOICE,
+        "--threads", str(args.threads),
+        "--prompt-cache-mb", "0",
+        "--first-phrase-words", str(args.first_phrase_words),
+    ]  # fmt: skip
+    if args.no_edge_cap:
+        engine_args.append("--no-edge-cap")
+    procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
     try:
         return await _dock_measure(args, model, ports, procs, oap)
     finally:

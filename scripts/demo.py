@@ -127,9 +127,13 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], limit: float, what:
 Procs = list[subprocess.Popen[bytes]]
 
 
-def start_processes(args: argparse.Namespace, ports: dict[str, int]) -> Procs:
+PORT_NAMES = ("llama_mgmt", "llama_data", "cmd", "dock", "oap_mgmt", "oap_data", "engine_cmd")
+
+
+def start_processes(log_dir: Path, ports: dict[str, int], engine_args: list[str]) -> Procs:
+    """``ttsdock serve`` and ``ttsdock kokoro <engine_args>`` on ``ports``, logs in
+    ``log_dir``; shared with benchmarks/kokoro_ttfa.py."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    log_dir = Path(args.out).parent
     log_dir.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "ttsdock"]
     dock_cmd = [
@@ -145,10 +149,8 @@ def start_processes(args: argparse.Namespace, ports: dict[str, int]) -> Procs:
         *exe, "kokoro",
         "--dock-port", str(ports["dock"]),
         "--cmd-port", str(ports["engine_cmd"]),
-        "--models-dir", args.models_dir,
+        *engine_args,
     ]  # fmt: skip
-    if args.voice:
-        engine_cmd += ["--voice", args.voice]
     procs = []
     for name, cmd in (("dock", dock_cmd), ("kokoro", engine_cmd)):
         with open(log_dir / f"{name}.log", "wb") as log_file:
@@ -250,7 +252,10 @@ async def amain(args: argparse.Namespace, ports: dict[str, int]) -> int:
         await asyncio.start_server(oap.on_mgmt, "127.0.0.1", ports["oap_mgmt"]),
         await asyncio.start_server(oap.on_data, "127.0.0.1", ports["oap_data"]),
     ]
-    procs = await asyncio.to_thread(start_processes, args, ports)
+    engine_args = ["--models-dir", args.models_dir]
+    if args.voice:
+        engine_args += ["--voice", args.voice]
+    procs = await asyncio.to_thread(start_processes, Path(args.out).parent, ports, engine_args)
     try:
         return await run(args, ports, procs, oap)
     finally:
@@ -272,18 +277,7 @@ def main() -> int:
         "--quiet", type=float, default=2.0, help="seconds without audio that end an utterance"
     )
     args = p.parse_args()
-    ports = {
-        name: free_port()
-        for name in (
-            "llama_mgmt",
-            "llama_data",
-            "cmd",
-            "dock",
-            "oap_mgmt",
-            "oap_data",
-            "engine_cmd",
-        )
-    }
+    ports = {name: free_port() for name in PORT_NAMES}
     try:
         return asyncio.run(amain(args, ports))
     except (TimeoutError, RuntimeError) as exc:
