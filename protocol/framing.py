@@ -90,6 +90,17 @@ class FrameDecoder(ReceiveBuffer):
         return body
 
 
+def flag_on(flag_path: Path) -> bool:
+    """The C++ ``ic_encryption.flag`` convention: on when the file starts with ``1``; a
+    missing file means off; an unreadable one is a ``ValueError`` naming the path."""
+    try:
+        return flag_path.read_bytes()[:1] == b"1"
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ValueError(f"cannot read interconnect flag {flag_path}: {exc.strerror}") from exc
+
+
 class FrameCipher:
     """AES-256-GCM frame-body sealing compatible with the C++ interconnect."""
 
@@ -125,16 +136,8 @@ class FrameCipher:
         Returns ``None`` when the flag says off. Raises ``ValueError`` with the path on a
         missing or malformed key.
         """
-        if flag_path is not None:
-            try:
-                if not flag_path.read_bytes()[:1] == b"1":
-                    return None
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise ValueError(
-                    f"cannot read interconnect flag {flag_path}: {exc.strerror}"
-                ) from exc
+        if flag_path is not None and not flag_on(flag_path):
+            return None
         try:
             key = key_path.read_bytes()
         except OSError as exc:

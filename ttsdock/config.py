@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.framing import FrameCipher
+from protocol.framing import FrameCipher, flag_on
 from svc.cli import env_default, hostport, int_in, level, port
 from svc.logs import UDP_LOG_DEFAULT
 from ttsdock import hold
@@ -51,17 +51,10 @@ class Config:
         """The interconnect cipher, or ``None`` when encryption is off. Raises ``ValueError``
         naming the file when the key is missing or malformed."""
         if self.ic_key is None:
-            if self.ic_flag is not None and _flag_on(self.ic_flag):
+            if self.ic_flag is not None and flag_on(self.ic_flag):
                 raise ValueError(f"{self.ic_flag} switches encryption on but --ic-key is not set")
             return None
         return FrameCipher.from_files(self.ic_key, self.ic_flag)
-
-
-def _flag_on(path: Path) -> bool:
-    try:
-        return path.read_bytes()[:1] == b"1"
-    except OSError:
-        return False
 
 
 _nonneg_int = int_in(0, None, "value")
