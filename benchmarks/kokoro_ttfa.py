@@ -112,7 +112,7 @@ class Row:
     ttfa: float  # s to the first audio
     total: float  # s to the last audio (direct: synthesize() returned)
     audio: float  # s of audio
-    phrases: float  # inferences for the sentence
+    phrases: float  # decoder windows (or whole inferences with --no-split) for the sentence
     konnx: float  # kokoro-onnx create() on the whole sentence
     raw: float  # one raw session.run on the sentence's tokens
     raw_audio: float  # its (untrimmed) audio
@@ -171,6 +171,12 @@ class Baselines:
 # -- direct mode ---------------------------------------------------------------------------
 
 
+def pieces(stats: dict[str, float], prefix: str = "") -> float:
+    """Inference pieces so far: decoder windows, or whole-unit inferences when not split."""
+    windows = stats.get(prefix + "windows", 0.0)
+    return windows if stats.get(prefix + "split", 0.0) else stats.get(prefix + "units", 0.0)
+
+
 def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[list[Row]], str]:
     rss0 = peak_rss_mb()
     synth = KokoroSynthesizer(
@@ -178,7 +184,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
             models_dir=mdir,
             threads=args.threads,
             prompt_cache_mb=0,
-            first_phrase_words=args.first_phrase_words,
+            split=not args.no_split,
             edge_cap=not args.no_edge_cap,
         )
     )
@@ -192,7 +198,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
     rows: list[list[Row]] = [[] for _ in SENTENCES]
     for _ in range(args.repeats):
         for i, (lang, text) in enumerate(SENTENCES):
-            before = synth.stats()["phrases"]
+            before = pieces(synth.stats())
             t0 = time.perf_counter()
             first = None
             n = 0
@@ -201,7 +207,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
                     first = time.perf_counter() - t0
                 n += len(chunk)
             total = time.perf_counter() - t0
-            phrases = synth.stats()["phrases"] - before
+            phrases = pieces(synth.stats()) - before
             k = base.run_konnx(lang, text)
             raw, raw_aud = base.run_raw(base.tokens(text))
             rows[i].append(Row(first or 0.0, total, n / SAMPLE_RATE, phrases, k, raw, raw_aud))
@@ -240,8 +246,9 @@ async def dock_rows(
         "--voice", VOICE,
         "--threads", str(args.threads),
         "--prompt-cache-mb", "0",
-        "--first-phrase-words", str(args.first_phrase_words),
     ]  # fmt: skip
+    if args.no_split:
+        engine_args.append("--no-split")
     if args.no_edge_cap:
         engine_args.append("--no-edge-cap")
     procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
@@ -300,7 +307,7 @@ async def _dock_measure(
         after = await engine_stats()
         mgmt_w.write(encode_frame(encode_mgmt(CallEnd(call_id))))
         await mgmt_w.drain()
-        return call, after.get("synth.phrases", 0) - before.get("synth.phrases", 0)
+        return call, pieces(after, "synth.") - pieces(before, "synth.")
 
     await speak("Hallo, wie geht es?")  # one utterance through the whole path first
     rows: list[list[Row]] = [[] for _ in SENTENCES]
@@ -379,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--first-phrase-words", type=int, default=3)
+    p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
     p.add_argument("--no-edge-cap", action="store_true", help="render the full edge silence")
     p.add_argument(
         "--baseline-spinning",
@@ -405,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     model = assemble_default_model(mdir)
     print(
         f"model {model}  threads {args.threads}  repeats {args.repeats}  "
-        f"first-phrase-words {args.first_phrase_words}  edge-cap {not args.no_edge_cap}  "
+        f"split {not args.no_split}  edge-cap {not args.no_edge_cap}  "
         f"load average at start {os.getloadavg()[0]:.2f}"
     )
     if args.direct:

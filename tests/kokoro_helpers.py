@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.kokoro.backend import OnnxBackend
+from engines.kokoro.backend import OnnxBackend, Prosody
 from engines.kokoro.models import assemble_default_model
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.runtime.synth import CallState, CancelToken, FloatArray
@@ -34,17 +34,35 @@ def shared_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class SpyBackend(OnnxBackend):
-    """The real ONNX backend, recording every inference's tokens."""
+    """The real ONNX backend, recording each prosody pass (or whole inference) and window."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.calls: list[tuple[int, ...]] = []
+        self.calls: list[tuple[int, ...]] = []  # tokens of each prosody pass / whole inference
+        self.windows: list[tuple[int, int]] = []  # decoded frames [start, end) of each window
 
     def infer(
         self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
     ) -> FloatArray:
-        self.calls.append(tuple(tokens))
+        if not self.split:
+            self.calls.append(tuple(tokens))
         return super().infer(tokens, style, speed, cancel)
+
+    def prosody(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> Prosody:
+        self.calls.append(tuple(tokens))
+        return super().prosody(tokens, style, speed, cancel)
+
+    def decode(
+        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+    ) -> FloatArray:
+        self.windows.append((start, end))
+        return super().decode(prosody, start, end, style, cancel)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.windows.clear()
 
 
 def loaded_synth(models_dir: Path) -> Iterator[KokoroSynthesizer]:

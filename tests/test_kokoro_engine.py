@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -73,7 +74,7 @@ def test_known_sentences_sound_plausible(
     assert rms(audio[: SAMPLE_RATE // 10]) > 1e-3
 
 
-def test_phrases_stream_in_order_with_a_short_first_phrase(
+def test_a_sentence_is_one_prosody_pass_streamed_in_windows(
     kokoro_synth: KokoroSynthesizer,
 ) -> None:
     text = (
@@ -81,45 +82,43 @@ def test_phrases_stream_in_order_with_a_short_first_phrase(
         "and I will send you a short reminder the day before."
     )
     backend = spy(kokoro_synth)
-    backend.calls.clear()
+    backend.clear()
     phon = kokoro_synth.phonemize(text)
     chunks = speak(kokoro_synth, text, CallState(call_id=7))
-    calls = list(backend.calls)
-    assert len(calls) >= 2
-    assert len(calls[0]) <= 20 and len(calls[0]) * 3 < phon.n_tokens
-    # every phrase is a consecutive slice of the utterance: joined back they are the utterance
+    # the whole sentence is one prosody pass: never cut inside
     space = kokoro_synth.frontend.vocab.space
-    joined: list[int] = []
-    for call in calls:
-        if joined:
-            joined.append(space)  # type: ignore[arg-type]
-        joined.extend(call)
     expected: list[int] = []
     for w in phon.words:
         if expected:
             expected.append(space)  # type: ignore[arg-type]
         expected.extend(w.tokens)
-    assert joined == expected
-    assert len(chunks) == len(calls)  # one chunk per phrase, yielded as each is ready
-    first_share = len(chunks[0]) / sum(len(c) for c in chunks)
-    assert first_share < 0.45
+    assert backend.calls == [tuple(expected)]
+    # its audio is decoded in windows that tile the frames (with context), in order
+    windows = list(backend.windows)
+    assert len(windows) >= 2
+    assert windows[0][0] == 0
+    assert all(a[0] < b[0] and a[1] < b[1] for a, b in itertools.pairwise(windows))
+    assert len(chunks) == len(windows)  # one chunk per window, yielded as each is ready
+    first_s = len(chunks[0]) / SAMPLE_RATE
+    assert 0.3 <= first_s <= 1.0  # the first window is short: early first audio
+    assert first_s / (sum(len(c) for c in chunks) / SAMPLE_RATE) < 0.3
 
 
 def test_text_beyond_510_phonemes(kokoro_synth: KokoroSynthesizer) -> None:
     text = " ".join(["The quick brown fox jumps over the lazy dog, and then it runs away."] * 9)
     assert kokoro_synth.phonemize(text).n_tokens > 510
     backend = spy(kokoro_synth)
-    backend.calls.clear()
+    backend.clear()
     audio = np.concatenate(speak(kokoro_synth, text, CallState(call_id=2, speed=2.0)))
     assert all(len(c) <= 510 for c in backend.calls)
     assert len(audio) / SAMPLE_RATE > 12.0
     assert rms(audio) > 0.03
 
 
-def test_cancel_between_phrases_stops_early(kokoro_synth: KokoroSynthesizer) -> None:
+def test_cancel_between_windows_stops_early(kokoro_synth: KokoroSynthesizer) -> None:
     text = "One two three four five six seven eight, nine ten eleven twelve thirteen fourteen."
     backend = spy(kokoro_synth)
-    backend.calls.clear()
+    backend.clear()
     cancel = CancelToken()
     gen = kokoro_synth.synthesize(text, CallState(call_id=3), cancel)
     first = next(gen)
@@ -127,7 +126,7 @@ def test_cancel_between_phrases_stops_early(kokoro_synth: KokoroSynthesizer) -> 
     cancel.cancel()
     with pytest.raises(SynthesisCancelled):
         next(gen)
-    assert len(backend.calls) == 1
+    assert len(backend.calls) == 1 and len(backend.windows) == 1
 
 
 def test_cancel_interrupts_a_running_inference(kokoro_synth: KokoroSynthesizer) -> None:
@@ -224,9 +223,9 @@ def test_arbitrary_text_raises_only_synthesis_error(
 
 
 def test_warm_up(kokoro_synth: KokoroSynthesizer) -> None:
-    before = kokoro_synth.stats()["phrases"]
+    before = kokoro_synth.stats()["units"]
     kokoro_synth.warm_up()
-    assert kokoro_synth.stats()["phrases"] >= before + 2
+    assert kokoro_synth.stats()["units"] >= before + 2
 
 
 def test_missing_model_file_named(tmp_path: Path) -> None:
@@ -244,31 +243,35 @@ def test_corrupt_model_file_named(tmp_path: Path) -> None:
         synth.load()
 
 
-def test_edge_cap_renders_less_silence_and_the_same_speech(
-    kokoro_synth: KokoroSynthesizer, kokoro_models_dir: Path
-) -> None:
+def test_edge_cap_renders_less_silence_and_the_same_speech(kokoro_models_dir: Path) -> None:
+    """Whole-utterance mode (a graph run unsplit) caps the edge silence inside the graph."""
     from engines.kokoro.audio import speech_bounds
     from engines.kokoro.backend import LEAD_PAD_FRAMES, OnnxBackend
-    from engines.kokoro.models import KOKORO_INT8_NAME
+    from engines.kokoro.frontend import FrontEnd, Vocab
+    from engines.kokoro.models import KOKORO_INT8_NAME, load_default_voices, load_vocab
 
-    capped = spy(kokoro_synth)
-    assert capped.capped and capped.marks
+    model = kokoro_models_dir / "kokoro" / KOKORO_INT8_NAME
+    vocab = Vocab(load_vocab())
+    capped = OnnxBackend(model, split=False)
+    capped.load()
+    capped.set_marks(frozenset(i for c, i in vocab.table.items() if c in ".,?!"))
+    assert capped.capped and not capped.split
     assert (kokoro_models_dir / "kokoro" / f"{KOKORO_INT8_NAME}.durcap.stamp").is_file()
-    plain = OnnxBackend(kokoro_models_dir / "kokoro" / KOKORO_INT8_NAME, edge_cap=False)
+    plain = OnnxBackend(model, edge_cap=False, split=False)
     plain.load()
     try:
         assert not plain.capped
-        space = kokoro_synth.frontend.vocab.space
         tokens: list[int] = []
-        for w in kokoro_synth.phonemize(EN_SENTENCE).words:
+        for w in FrontEnd(vocab).phonemes(EN_SENTENCE).words:
             if tokens:
-                tokens.append(space)  # type: ignore[arg-type]
+                tokens.append(vocab.space)  # type: ignore[arg-type]
             tokens.extend(w.tokens)
-        style = kokoro_synth._voices["jf_alpha"][len(tokens) - 1]
+        style = load_default_voices()["jf_alpha"][len(tokens) - 1]
         a = capped.infer(tokens, style, 1.0, CancelToken())
         b = plain.infer(tokens, style, 1.0, CancelToken())
     finally:
         plain.close()
+        capped.close()
     # the uncapped lead pad is ~13 frames of 600 samples, the final mark + pad ~9
     assert len(b) - len(a) >= (13 - LEAD_PAD_FRAMES) * 600
     sa, sb = speech_bounds(a), speech_bounds(b)
@@ -280,26 +283,25 @@ def test_edge_cap_renders_less_silence_and_the_same_speech(
 
 
 @pytest.mark.parametrize(("rtf", "two", "speed"), [(0.01, True, 1.1), (5.0, False, 1.2)])
-def test_rest_of_the_sentence_is_one_phrase_when_the_queue_covers_it(
+def test_later_windows_follow_the_audio_queued_ahead(
     kokoro_synth: KokoroSynthesizer,
     monkeypatch: pytest.MonkeyPatch,
     rtf: float,
     two: bool,
     speed: float,
 ) -> None:
-    text = (
-        "I have booked your appointment for Monday at ten in the morning, "
-        "and I will send you a reminder the day before."
-    )
-    est = kokoro_synth._estimator
+    text = "I have booked your appointment for Monday at ten in the morning."
+    est = kokoro_synth._speed
     monkeypatch.setattr(est, "rtf", rtf)
     monkeypatch.setattr(est, "update", lambda *args, **kwargs: None)  # keep the estimate
     backend = spy(kokoro_synth)
-    backend.calls.clear()
+    backend.clear()
     speak(kokoro_synth, text, CallState(call_id=9, speed=speed))  # own speed: no cache hit
-    calls = list(backend.calls)
-    assert len(calls[0]) <= 20
-    if two:  # fast host: the short first phrase, then everything else at once
-        assert len(calls) == 2
-    else:  # slow host: the rest is cut so each phrase is ready in time
-        assert len(calls) >= 3
+    windows = list(backend.windows)
+    if two:  # fast host: the short first window, then everything else at once
+        assert len(windows) == 2
+    else:  # slow host: small windows, so that each is ready in time
+        assert len(windows) >= 3
+        cfg = kokoro_synth.config
+        kept = [b - a - 2 * cfg.window_context for a, b in windows[1:-1]]
+        assert all(k <= cfg.min_window + 12 + 2 * cfg.window_context for k in kept)

@@ -1,4 +1,4 @@
-"""Phrase planning: short first phrase, cut preferences, the 510-token limit."""
+"""Sentence units: cut preferences, the 510-token limit, never a tiny last unit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engines.kokoro.frontend import Word
-from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, PhrasePlanner
+from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, PhrasePlanner, sentence_units
 
 SPACE = 16
 
@@ -28,31 +28,16 @@ def all_phrases(planner: PhrasePlanner, budget: int | None = None) -> list[tuple
     return out
 
 
-def test_first_phrase_is_a_short_clause() -> None:
-    p = PhrasePlanner(words("hello, how can i help you today?"), SPACE)
-    first = p.next()
-    assert first is not None and first.n_words == 1 and first.brk == Word.CLAUSE
-
-
-def test_first_phrase_is_a_few_words_of_a_long_clause() -> None:
-    p = PhrasePlanner(words("ich habe ihren termin fuer montag eingetragen."), SPACE)
-    first = p.next()
-    assert first is not None and first.n_words == 3 and first.brk == Word.WORD
-
-
-def test_no_one_word_rest_of_the_first_clause() -> None:
-    p = PhrasePlanner(words("guten tag lieber herr, wie geht es?"), SPACE)
-    first = p.next()
-    assert first is not None and first.n_words == 4
-
-
 def test_later_phrases_prefer_sentence_then_clause_ends() -> None:
-    w = words("a b c d. eeee ffff, gggg hhhh iiii. jjjj kkkk llll")
-    p = PhrasePlanner(w, SPACE, first_max_words=1)
-    p.next()
-    second = p.next(budget=14)
-    assert second is not None and second.brk == Word.SENTENCE
-    third = p.next(budget=14)
+    w = words("a b c d. eeee ffff, gggg hhhh iiii. jjjj kkkk llll mmmm nnnn oooo")
+    p = PhrasePlanner(w, SPACE)
+    first = p.next(budget=8)
+    assert first is not None and first.n_words == 4
+    second = p.next(budget=30)  # could take "jjjj" too, but ends at the sentence instead
+    assert second is not None and second.brk == Word.SENTENCE and second.n_words == 5
+    p = PhrasePlanner(w, SPACE)
+    p.next(budget=8)
+    third = p.next(budget=14)  # no sentence end fits: the clause end
     assert third is not None and third.brk == Word.CLAUSE
 
 
@@ -83,12 +68,12 @@ def test_no_tiny_last_phrase() -> None:
     # budget 27 would leave "now today?" (10 tokens): the rest is taken along instead
     w = words("hello, how can i help you right now today?")
     p = PhrasePlanner(w, SPACE, min_tail=12)
-    assert p.next() is not None
+    assert p.next(budget=6) is not None
     second = p.next(budget=27)
     assert second is not None and p.done and second.brk == Word.SENTENCE
     # without the rule the same budget leaves a small last phrase
     p = PhrasePlanner(w, SPACE, min_tail=0)
-    p.next()
+    p.next(budget=6)
     p.next(budget=27)
     last = p.next(budget=27)
     assert last is not None and len(last.tokens) < 12 and p.done
@@ -96,6 +81,15 @@ def test_no_tiny_last_phrase() -> None:
 
 def test_tiny_rest_rule_respects_the_context_limit() -> None:
     w = [Word(str(i), tuple([7] * 100), Word.WORD) for i in range(6)]
-    p = PhrasePlanner(w, SPACE, first_max_tokens=100, max_tokens=250, min_tail=500)
+    p = PhrasePlanner(w, SPACE, max_tokens=250, min_tail=500)
     phrases = all_phrases(p, budget=200)
     assert all(len(t) <= 250 for t in phrases) and len(phrases) >= 3
+
+
+def test_a_sentence_is_one_unit_and_long_text_is_cut_at_sentence_ends() -> None:
+    one = words("hello, how can i help you today?")
+    assert [u.n_words for u in sentence_units(one, SPACE)] == [len(one)]
+    two = words("aaaa bbbb, cccc. dddd eeee ffff.")
+    units = sentence_units(two, SPACE, max_tokens=24)
+    assert [u.brk for u in units] == [Word.SENTENCE, Word.SENTENCE]
+    assert [u.n_words for u in units] == [3, 3]

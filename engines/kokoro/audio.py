@@ -42,16 +42,45 @@ def trim(audio: FloatArray, lead: int, tail: int) -> FloatArray:
     return audio[max(0, start - lead) : min(len(audio), end + tail)]
 
 
+def trim_lead(audio: FloatArray, lead: int) -> FloatArray:
+    """Keep at most ``lead`` samples before the speech span (nothing if all is silence)."""
+    bounds = speech_bounds(audio)
+    if bounds is None:
+        return audio[:0]
+    return audio[max(0, bounds[0] - lead) :]
+
+
+def trim_tail(audio: FloatArray, tail: int) -> FloatArray:
+    """Keep at most ``tail`` samples after the speech span (nothing if all is silence)."""
+    bounds = speech_bounds(audio)
+    if bounds is None:
+        return audio[:0]
+    return audio[: min(len(audio), bounds[1] + tail)]
+
+
 def equal_power(n: int) -> tuple[FloatArray, FloatArray]:
     t = (np.arange(n, dtype=np.float32) + 0.5) / max(n, 1)
     return np.cos(t * np.pi / 2).astype(np.float32), np.sin(t * np.pi / 2).astype(np.float32)
 
 
-class Joiner:
-    """Joins phrase audio with an equal-power crossfade while streaming."""
+def equal_gain_curves(n: int) -> tuple[FloatArray, FloatArray]:
+    """Fades that sum to 1: for joining two renderings of the same audio (correlated)."""
+    fo, fi = equal_power(n)
+    return (fo * fo).astype(np.float32), (fi * fi).astype(np.float32)
 
-    def __init__(self, fade: int = CROSSFADE_SAMPLES) -> None:
+
+class Joiner:
+    """Joins pieces of audio with a crossfade while streaming.
+
+    Equal-power (default) for pieces that were rendered separately (phrases,
+    sentence units: uncorrelated at the join); ``equal_gain`` for decoder
+    windows, whose overlap renders the same frames twice (correlated: an
+    equal-power fade would add up to +3 dB in the middle of the join).
+    """
+
+    def __init__(self, fade: int = CROSSFADE_SAMPLES, *, equal_gain: bool = False) -> None:
         self.fade = fade
+        self.curves = equal_gain_curves if equal_gain else equal_power
         self.tail: FloatArray | None = None
 
     def push(self, audio: FloatArray) -> FloatArray:
@@ -62,7 +91,7 @@ class Joiner:
         else:
             held = self.tail
             n = min(len(held), len(audio))
-            fo, fi = equal_power(n)
+            fo, fi = self.curves(n)
             cross = held[len(held) - n :] * fo + audio[:n] * fi
             ready = np.concatenate([held[: len(held) - n], cross, audio[n:]])
         keep = min(self.fade, len(ready))

@@ -13,12 +13,23 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
+from engines.kokoro.graph_split import (
+    DUR_CAP_INPUT,
+    SplitGraphs,
+    patch_duration_cap_model,
+    split_sources,
+)
+from engines.kokoro.graph_split import (
+    DURATIONS_TENSOR as DURATIONS_TENSOR,
+)
 from engines.kokoro.models import ModelFileError
 from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled, SynthesisError
 
@@ -27,8 +38,6 @@ log = structlog.get_logger(__name__)
 # Edge caps (frames of 600 samples = 25 ms). The graph gives the leading pad about
 # 13 frames and a final mark plus the trailing pad about 8-16 frames, all silence
 # that the synthesiser trims away again; rendering it costs ~0.15-0.2 s per inference.
-DURATIONS_TENSOR = "/encoder/Gather_output_0"  # int64 [T]: frames per token, pads included
-DUR_CAP_INPUT = "dur_cap"
 LEAD_PAD_FRAMES = 6  # leading pad (150 ms): room for the first sound's onset
 MARK_FRAMES = 2  # a final punctuation mark (the pause after it is ours to choose)
 TAIL_PAD_FRAMES = 1  # trailing pad after a final mark
@@ -38,34 +47,20 @@ NO_CAP = 1 << 20
 
 
 def patch_duration_cap(model_path: Path) -> bytes | None:
-    """The model with a ``dur_cap`` input: durations become ``Min(durations, dur_cap)``.
+    """The model with a ``dur_cap`` input (``patch_duration_cap_model``), serialised.
 
-    Returns the serialised graph, or None when ``onnx`` is missing or the graph has
-    no ``/encoder/Gather_output_0`` durations (another export): then edges are not capped.
+    Returns None when ``onnx`` is missing or the graph has no durations tensor:
+    then edges are not capped.
     """
     try:
         import onnx
-        from onnx import helper
     except ImportError:
         log.info("edge_cap_unavailable", reason="the onnx package is not installed")
         return None
     model = onnx.load(str(model_path))
-    graph = model.graph
-    users = [n for n in graph.node if DURATIONS_TENSOR in n.input]
-    if not any(n.output and n.output[0] == DURATIONS_TENSOR for n in graph.node) or not users:
+    if not patch_duration_cap_model(model):
         log.info("edge_cap_unavailable", reason="no duration tensor in the graph")
         return None
-    capped = DURATIONS_TENSOR + "_capped"
-    for node in users:
-        for i, name in enumerate(node.input):
-            if name == DURATIONS_TENSOR:
-                node.input[i] = capped
-    # insert right after the producer so the node list stays topologically sorted
-    pos = next(i for i, n in enumerate(graph.node) if DURATIONS_TENSOR in n.output)
-    graph.node.insert(
-        pos + 1, helper.make_node("Min", [DURATIONS_TENSOR, DUR_CAP_INPUT], [capped], "dur_cap")
-    )
-    graph.input.append(helper.make_tensor_value_info(DUR_CAP_INPUT, onnx.TensorProto.INT64, ["T"]))
     data: bytes = model.SerializeToString()
     return data
 
@@ -114,16 +109,59 @@ def capped_model_source(model_path: Path) -> str | bytes | None:
     return str(target)
 
 
+@dataclass(frozen=True)
+class Prosody:
+    """The prosody stage's result for one sentence (``graph_split`` documents each array).
+
+    ``features``, ``f0`` and ``phase`` are indexed in half-frames (``2 * F``);
+    ``energy`` is the predicted energy per half-frame, ``durations`` the frames
+    per token position ``[pad, *tokens, pad]``.
+    """
+
+    features: npt.NDArray[np.float32]
+    f0: npt.NDArray[np.float32]
+    energy: npt.NDArray[np.float32]
+    phase: npt.NDArray[np.float32]
+    durations: npt.NDArray[np.int64]
+
+    @property
+    def n_frames(self) -> int:
+        return int(self.features.shape[2]) // 2
+
+    def frame_energy(self) -> npt.NDArray[np.float32]:
+        """Energy per frame (mean of its two half-frames)."""
+        e = self.energy.reshape(-1)[: 2 * self.n_frames].astype(np.float32)
+        return (e[0::2] + e[1::2]) * np.float32(0.5)
+
+
+class SplitBackend(Protocol):
+    """A backend that runs the two stages of ``graph_split`` separately."""
+
+    split: bool
+
+    def prosody(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> Prosody: ...
+
+    def decode(
+        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+    ) -> FloatArray: ...
+
+
 class OnnxBackend:
-    """Kokoro as one ONNX graph (``tokens``/``input_ids``, ``style``, ``speed`` -> ``audio``).
+    """Kokoro in ONNX Runtime: split into prosody and decoder stages, or one graph.
+
+    By default the shipped graph is split (``graph_split``): ``prosody`` runs
+    once per sentence and ``decode`` renders any window of its frames. A graph
+    that cannot be split (another export), or ``split=False``, is run whole
+    with ``infer`` (``tokens``/``input_ids``, ``style``, ``speed`` -> ``audio``).
 
     Threads: ``intra_op_num_threads=threads`` (default 2), one inter-op thread,
     sequential execution, and no spin-waiting by default: on a 2-core box
     shared with other calls and processes, spinning threads steal the CPU
     that the other inference needs. CUDA is used when ``onnxruntime-gpu``
     offers ``CUDAExecutionProvider`` (``device="auto"``).
-    Concurrent calls share the session; ``max_parallel`` runs execute at once
-    (default 1: two runs of 2 threads each on 2 cores only slow both down).
+    Concurrent calls share the sessions; ``max_parallel`` runs execute at once.
     """
 
     name = "onnx"
@@ -137,9 +175,12 @@ class OnnxBackend:
         spinning: bool = False,
         max_parallel: int = 1,
         edge_cap: bool = True,
+        split: bool = True,
     ) -> None:
         self.model_path = model_path
         self.edge_cap = edge_cap
+        self.want_split = split
+        self.split = False  # True once the two stages are loaded
         self.capped = False  # True once the loaded graph takes ``dur_cap``
         self.marks: frozenset[int] = frozenset()
         self.threads = max(1, threads)
@@ -147,17 +188,17 @@ class OnnxBackend:
         self.spinning = spinning
         self._gate = threading.BoundedSemaphore(max(1, max_parallel))
         self.session: Any = None
+        self.prosody_session: Any = None
+        self.decoder_session: Any = None
         self.providers: list[str] = []
         self._tokens_name = "tokens"
         self._speed_dtype: np.dtype[Any] = np.dtype(np.float32)
         self._style_dtype: np.dtype[Any] = np.dtype(np.float32)
         self._tokens_dtype: np.dtype[Any] = np.dtype(np.int64)
 
-    def load(self) -> None:
+    def _options(self) -> tuple[Any, list[str]]:
         import onnxruntime as ort
 
-        if not self.model_path.is_file():
-            raise ModelFileError(f"model file {self.model_path} does not exist")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
@@ -171,23 +212,50 @@ class OnnxBackend:
             providers.insert(0, "CUDAExecutionProvider")
         elif self.device == "cuda":
             log.warning("cuda_unavailable", providers=available)
+        return opts, providers
+
+    def load(self) -> None:
+        import onnxruntime as ort
+
+        if not self.model_path.is_file():
+            raise ModelFileError(f"model file {self.model_path} does not exist")
+        opts, providers = self._options()
+        graphs: SplitGraphs | None = None
+        if self.want_split:
+            try:
+                graphs = split_sources(self.model_path)
+            except Exception as exc:  # a corrupt or foreign graph: whole-utterance inference
+                log.warning("graph_split_unavailable", reason=repr(exc))
+                graphs = None
         try:
-            patched = capped_model_source(self.model_path) if self.edge_cap else None
-            source = str(self.model_path) if patched is None else patched
-            self.session = ort.InferenceSession(source, opts, providers=providers)
-            del patched, source
+            if graphs is not None:
+                self.prosody_session = ort.InferenceSession(
+                    graphs.prosody, opts, providers=providers
+                )
+                self.decoder_session = ort.InferenceSession(
+                    graphs.decoder, opts, providers=providers
+                )
+                inputs = {i.name: i for i in self.prosody_session.get_inputs()}
+                self.split = True
+            else:
+                patched = capped_model_source(self.model_path) if self.edge_cap else None
+                source = str(self.model_path) if patched is None else patched
+                self.session = ort.InferenceSession(source, opts, providers=providers)
+                del patched, source
+                inputs = {i.name: i for i in self.session.get_inputs()}
         except Exception as exc:
             raise ModelFileError(
                 f"model file {self.model_path} is not a loadable ONNX model: {exc}"
             ) from exc
-        self.providers = list(self.session.get_providers())
+        del graphs
+        live = self.prosody_session if self.split else self.session
+        self.providers = list(live.get_providers())
         types = {
             "tensor(float)": np.float32,
             "tensor(int64)": np.int64,
             "tensor(int32)": np.int32,
             "tensor(float16)": np.float16,
         }
-        inputs = {i.name: i for i in self.session.get_inputs()}
         self._tokens_name = "input_ids" if "input_ids" in inputs else "tokens"
         missing = {self._tokens_name, "style", "speed"} - set(inputs)
         if missing:
@@ -205,6 +273,7 @@ class OnnxBackend:
             providers=self.providers,
             threads=self.threads,
             edge_cap=self.capped,
+            split=self.split,
         )
 
     def set_marks(self, marks: frozenset[int]) -> None:
@@ -223,40 +292,86 @@ class OnnxBackend:
         # silence, but capping it at 10 cut 0.2-0.3 s of audible decay (measured).
         return cap
 
-    def infer(
-        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
-    ) -> FloatArray:
-        import onnxruntime as ort
-
-        if self.session is None:
-            raise SynthesisError("model not loaded")
+    def _feeds(self, tokens: Sequence[int], style: FloatArray, speed: float) -> dict[str, Any]:
         speed_value: float | int = speed
         if self._speed_dtype.kind in "iu":
             speed_value = max(1, round(speed))
-        feeds = {
+        feeds: dict[str, Any] = {
             self._tokens_name: np.array([[0, *tokens, 0]], dtype=self._tokens_dtype),
             "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
             "speed": np.array([speed_value], dtype=self._speed_dtype),
         }
         if self.capped:
             feeds[DUR_CAP_INPUT] = self.duration_cap(tokens)
+        return feeds
+
+    def _run(self, session: Any, feeds: dict[str, Any], cancel: CancelToken) -> list[Any]:
+        import onnxruntime as ort
+
+        if session is None:
+            raise SynthesisError("model not loaded")
         run_options = ort.RunOptions()
         run_options.log_severity_level = 4  # a terminated run is not an error worth a line
         with self._gate:
             cancel.raise_if_cancelled()
             forget = cancel.on_cancel(lambda: _terminate(run_options))
             try:
-                outputs = self.session.run(None, feeds, run_options)
+                outputs: list[Any] = session.run(None, feeds, run_options)
             except Exception as exc:
                 if cancel.cancelled:
                     raise SynthesisCancelled() from None
                 raise SynthesisError(f"inference failed: {exc}") from exc
             finally:
                 forget()
+        cancel.raise_if_cancelled()
+        return outputs
+
+    def infer(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> FloatArray:
+        """Whole-utterance inference (the unsplit graph, or both stages over all frames)."""
+        if self.split:
+            prosody = self.prosody(tokens, style, speed, cancel)
+            return self.decode(prosody, 0, prosody.n_frames, style, cancel)
+        outputs = self._run(self.session, self._feeds(tokens, style, speed), cancel)
+        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def prosody(
+        self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> Prosody:
+        """The prosody stage for one sentence of ``tokens`` (<= 510)."""
+        outputs = self._run(self.prosody_session, self._feeds(tokens, style, speed), cancel)
+        names = [o.name for o in self.prosody_session.get_outputs()]
+        out = dict(zip(names, outputs, strict=True))
+        return Prosody(
+            features=np.asarray(out["features"], np.float32),
+            f0=np.asarray(out["f0"], np.float32),
+            energy=np.asarray(out["energy"], np.float32),
+            phase=np.asarray(out["phase"], np.float32),
+            durations=np.asarray(out["durations"], np.int64).reshape(-1),
+        )
+
+    def decode(
+        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+    ) -> FloatArray:
+        """Audio of frames ``[start, end)`` of ``prosody`` (600 samples per frame)."""
+        if not 0 <= start < end <= prosody.n_frames:
+            raise SynthesisError(f"window [{start}, {end}) outside 0..{prosody.n_frames}")
+        a, b = 2 * start, 2 * end
+        feeds = {
+            "features": np.ascontiguousarray(prosody.features[:, :, a:b]),
+            "f0": np.ascontiguousarray(prosody.f0[:, a:b]),
+            "phase": np.ascontiguousarray(prosody.phase[:, a:b, :]),
+            "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
+        }
+        outputs = self._run(self.decoder_session, feeds, cancel)
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def close(self) -> None:
         self.session = None
+        self.prosody_session = None
+        self.decoder_session = None
+        self.split = False
 
 
 def _terminate(run_options: Any) -> None:

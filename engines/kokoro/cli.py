@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.kokoro.windows import CONTEXT_FRAMES, FIRST_FRAMES, MAX_FRAMES, MIN_FRAMES
 from engines.runtime.synth import SPEED_MAX, SPEED_MIN
 from svc.cli import env_default, float_in, int_in, one_of
 
@@ -132,20 +133,62 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         help="LRU audio cache for repeated utterances; 0 disables it",
     )
     g.add_argument(
-        "--first-phrase-words",
+        "--max-phrase-tokens",
         type=int,
-        default=3,
-        help="words in the first phrase of an utterance (time to first audio)",
-    )
-    g.add_argument(
-        "--max-phrase-tokens", type=int, default=400, help="largest phrase per inference, 1..510"
+        default=400,
+        help="tokens per prosody pass, 1..510: longer text is cut at sentence, then clause "
+        "ends (default: 400)",
     )
     g.add_argument(
         "--no-edge-cap",
         action="store_true",
         help="render the model's full edge silence (by default the leading pad and a final "
-        "mark are capped to a few frames, which saves ~0.15 s of compute per phrase)",
+        "mark are capped to a few frames, which saves compute per sentence)",
     )
+    g.add_argument(
+        "--no-split",
+        action="store_true",
+        help="run each sentence as one whole inference instead of whole-sentence prosody "
+        "with audio decoded in windows (first audio then waits for the whole sentence)",
+    )
+    g.add_argument(
+        "--window-context",
+        type=int,
+        default=CONTEXT_FRAMES,
+        help=f"frames (25 ms) decoded on each side of a window and discarded, >= 1 "
+        f"(default: {CONTEXT_FRAMES})",
+    )
+    g.add_argument(
+        "--first-window",
+        type=_frame_range,
+        default=FIRST_FRAMES,
+        metavar="LO-HI",
+        help="the first window ends at a word boundary this many frames after the leading "
+        f"pad (default: {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}, about 0.4-0.65 s)",
+    )
+    g.add_argument(
+        "--min-window",
+        type=int,
+        default=MIN_FRAMES,
+        help=f"smallest later window in frames (default: {MIN_FRAMES})",
+    )
+    g.add_argument(
+        "--max-window",
+        type=int,
+        default=MAX_FRAMES,
+        help=f"largest window in frames (default: {MAX_FRAMES})",
+    )
+
+
+def _frame_range(text: str) -> tuple[int, int]:
+    try:
+        lo, _, hi = text.partition("-")
+        pair = (int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI frames, got {text!r}") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"need 1 <= LO <= HI, got {text!r}")
+    return pair
 
 
 def config_from_args(args: argparse.Namespace) -> KokoroConfig:
@@ -163,9 +206,13 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         device=args.device,
         backend=args.backend,
         prompt_cache_mb=args.prompt_cache_mb,
-        first_phrase_words=args.first_phrase_words,
         max_phrase_tokens=args.max_phrase_tokens,
         edge_cap=not args.no_edge_cap,
+        split=not args.no_split,
+        window_context=args.window_context,
+        first_window=args.first_window,
+        min_window=args.min_window,
+        max_window=args.max_window,
         name=getattr(args, "name", "kokoro"),
     )
 
@@ -183,9 +230,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = build_parser()
     args = p.parse_args(argv)
-    if not 1 <= args.max_phrase_tokens <= 510:
-        p.error("--max-phrase-tokens must be 1..510")
-    synth = KokoroSynthesizer(config_from_args(args))
+    config = config_from_args(args)
+    try:
+        config.check()
+    except ValueError as exc:
+        p.error(str(exc))
+    synth = KokoroSynthesizer(config)
     return run_engine(synth, args)
 
 

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from engines.kokoro.frontend import Word
 
 MAX_CONTEXT_TOKENS = 510  # phoneme tokens per inference, plus the two pad ids
-FIRST_PHRASE_MAX_WORDS = 3
-FIRST_PHRASE_MAX_TOKENS = 20
 #: A later phrase takes the rest of the utterance when less than this would be left:
 #: a tiny last phrase costs a whole inference's edge overhead for little audio.
 MIN_TAIL_TOKENS = 16
@@ -35,15 +33,13 @@ class Phrase:
 
 
 class PhrasePlanner:
-    """Hands out consecutive phrases of ``words``; see the module docstring."""
+    """Hands out consecutive units of ``words``; see the module docstring."""
 
     def __init__(
         self,
         words: Sequence[Word],
         space_token: int | None,
         *,
-        first_max_words: int = FIRST_PHRASE_MAX_WORDS,
-        first_max_tokens: int = FIRST_PHRASE_MAX_TOKENS,
         max_tokens: int = MAX_CONTEXT_TOKENS,
         min_tail: int = MIN_TAIL_TOKENS,
     ) -> None:
@@ -51,8 +47,6 @@ class PhrasePlanner:
             raise ValueError(f"max_tokens must be in 1..{MAX_CONTEXT_TOKENS}, got {max_tokens}")
         self.words = list(self._split_long_words(words, max_tokens))
         self.space = () if space_token is None else (space_token,)
-        self.first_max_words = max(1, first_max_words)
-        self.first_max_tokens = max(1, min(first_max_tokens, max_tokens))
         self.max_tokens = max_tokens
         self.min_tail = max(0, min_tail)
         self.pos = 0
@@ -101,33 +95,10 @@ class PhrasePlanner:
             end += 1
         return end
 
-    def first(self) -> Phrase | None:
-        """The first phrase: the first clause if short, else its first few words."""
-        if self.done:
-            return None
-        limit = self._fits(self.first_max_tokens)
-        end = self.pos
-        while end < limit and end - self.pos < self.first_max_words:
-            end += 1
-            if self.words[end - 1].brk != Word.WORD:
-                break
-        end = max(end, self.pos + 1)
-        # don't leave a one-word rest of the clause behind when it still fits
-        if (
-            self.words[end - 1].brk == Word.WORD
-            and end < len(self.words)
-            and self.words[end].brk != Word.WORD
-            and self._length(self.pos, end + 1) <= self.first_max_tokens * 3 // 2
-        ):
-            end += 1
-        return self._emit(end)
-
     def next(self, budget: int | None = None) -> Phrase | None:
         """The next phrase within ``budget`` tokens (None: the context limit)."""
         if self.done:
             return None
-        if self.count == 0:
-            return self.first()
         limit = self.max_tokens if budget is None else max(1, min(budget, self.max_tokens))
         end_fit = self._fits(limit)
         if end_fit >= len(self.words):
@@ -145,3 +116,14 @@ class PhrasePlanner:
                         return self._emit(end)
                     break
         return self._emit(end_fit)
+
+
+def sentence_units(
+    words: Sequence[Word], space_token: int | None, max_tokens: int = MAX_CONTEXT_TOKENS
+) -> list[Phrase]:
+    """The whole utterance as units of at most ``max_tokens`` tokens, in order."""
+    planner = PhrasePlanner(words, space_token, max_tokens=max_tokens)
+    units: list[Phrase] = []
+    while (unit := planner.next()) is not None:
+        units.append(unit)
+    return units

@@ -1,25 +1,31 @@
 """``KokoroSynthesizer``: Kokoro-82M behind the runtime's ``Synthesizer`` interface.
 
-Rule 1: ``synthesize`` yields raw float32 phrase audio as soon as each phrase is
-ready; framing, normalisation and fade-in belong to the runtime.
+Rule 1: ``synthesize`` yields raw float32 audio as soon as each piece is ready,
+one piece per unit of inference work (the runtime's scheduler advances the
+generator one step at a time); framing, normalisation and fade-in belong to
+the runtime.
 Rule 2: every failure leaves as ``SynthesisError`` (``VoiceNotFound`` included) or
 ``SynthesisCancelled``; nothing else escapes ``synthesize``.
 
-Streaming. An utterance is phonemised once, then cut into phrases
-(``phrasing``): a short first phrase (the first clause, or its first three
-words), then phrases whose token budget follows the audio already queued
-ahead of playback, divided by the measured real-time factor, so the next
-phrase is normally ready before the previous one has been played. When the
-whole rest of the utterance fits one inference and its estimated compute is
-covered by the queued audio, it is one phrase (the typical sentence is two
-inferences), and a later phrase never leaves a tiny last one behind. Each
-inference costs its edge silence, so the backend caps the leading pad and a
-final mark to a few frames (``backend.patch_duration_cap``) instead of
-rendering ~0.8 s of silence that would be trimmed anyway. Phrases
-are trimmed of the model's own edge silence, separated by a pause that
-matches the break (word / clause / sentence), and joined with the
-192-sample equal-power crossfade. The cancel token is checked between
-phrases and, through ``RunOptions.terminate``, during each inference.
+Streaming (README "Kokoro pipeline"). An utterance is phonemised once and cut
+into sentence units only where it exceeds a unit's token budget
+(``phrasing``). Each unit's prosody (BERT, durations, F0, energy, the
+frame-rate decoder and the harmonic source's phase) is computed whole, once
+(``backend.prosody``), so intonation and timing are those of the whole
+sentence; its audio is then decoded in windows of aligned frames
+(``windows``): a short first window (about 0.5 s of speech) so that the first
+audio leaves early, then windows sized by the audio queued ahead of playback
+divided by the measured decode speed. Windows are cut at the quietest word
+boundary in range, decoded with context frames on both sides and joined with
+a 20 ms equal-gain crossfade. The first ``next()`` runs the prosody pass and
+the first window; every later ``next()`` decodes one window. The cancel token
+is checked between windows and, through ``RunOptions.terminate``, inside each
+run. A graph that cannot be split (another export) or ``split=False`` runs each
+unit as one whole inference (logged once at load).
+
+Units are trimmed of the model's edge silence, separated by a pause that
+matches the break between them (clause / sentence), and joined with the
+192-sample equal-power crossfade.
 
 Prosody carry-over (WIRE.md 7). The ONNX graph has no style output: the
 style vector is an input that the graph only reads (research/KOKORO_ONNX.md 8),
@@ -46,13 +52,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import structlog
 
 from engines.kokoro import audio as audio_ops
-from engines.kokoro.backend import Backend, OnnxBackend
+from engines.kokoro.backend import Backend, OnnxBackend, SplitBackend
 from engines.kokoro.cache import AudioCache
 from engines.kokoro.frontend import (
     FrontEnd,
@@ -75,11 +81,18 @@ from engines.kokoro.models import (
     pick_voice,
     resolve_model_files,
 )
-from engines.kokoro.phrasing import (
-    FIRST_PHRASE_MAX_TOKENS,
-    FIRST_PHRASE_MAX_WORDS,
-    MAX_CONTEXT_TOKENS,
-    PhrasePlanner,
+from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
+from engines.kokoro.windows import (
+    CONTEXT_FRAMES,
+    CROSSFADE_SAMPLES,
+    FIRST_FRAMES,
+    FRAME_SAMPLES,
+    FRAMES_PER_S,
+    MAX_FRAMES,
+    MIN_FRAMES,
+    WindowPlanner,
+    boundary_frames,
+    window_piece,
 )
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -94,18 +107,13 @@ from engines.runtime.synth import (
 
 log = structlog.get_logger(__name__)
 
-LEAD_KEEP_S = 0.02  # silence kept before a phrase's first sound
-TAIL_KEEP_S = 0.04  # silence kept after a phrase that the next one continues
+LEAD_KEEP_S = 0.02  # silence kept before a unit's first sound
+TAIL_KEEP_S = 0.04  # silence kept after a unit that the next one continues
 FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence pause
-#: Pause inserted between phrases by the break between them (word, clause, sentence).
+#: Pause inserted between units by the break between them (word, clause, sentence).
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
-MIN_BUDGET_TOKENS = 24  # later phrases are never cut smaller (per-inference overhead)
-PAD_AUDIO_S = 0.6  # edge silence the model adds per inference (measured 0.6-0.9 s)
-PAD_AUDIO_CAPPED_S = 0.35  # the same with the backend's edge caps (lead pad, final mark)
-REST_SLACK = 1.0  # the rest is one phrase when its estimated compute <= this x queued audio
-RTF_PRIOR = 0.4  # compute s per raw audio s before anything is measured (2 vCPU)
-SEC_PER_TOKEN_PRIOR = 0.075  # raw audio s per token at speed 1.0
-HEADROOM = 0.8  # plan the next phrase to finish at 80 % of the queued audio
+DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
+HEADROOM = 0.7  # plan the next window to be ready when 70 % of the queued audio has played
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
 MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
 PROSODY_STYLE = "kokoro_style"
@@ -130,11 +138,14 @@ class KokoroConfig:
     backend: str = "onnx"
     spinning: bool = False
     prompt_cache_mb: float = 64.0
-    first_phrase_words: int = FIRST_PHRASE_MAX_WORDS
-    first_phrase_tokens: int = FIRST_PHRASE_MAX_TOKENS
-    max_phrase_tokens: int = 400
+    max_phrase_tokens: int = 400  # tokens per prosody pass (a sentence unit)
     prosody_carry: float = 0.5
     edge_cap: bool = True
+    split: bool = True
+    window_context: int = CONTEXT_FRAMES
+    first_window: tuple[int, int] = FIRST_FRAMES
+    min_window: int = MIN_FRAMES
+    max_window: int = MAX_FRAMES
     name: str = "kokoro"
 
     @classmethod
@@ -147,34 +158,35 @@ class KokoroConfig:
             cfg.variant = os.environ["KOKORO_VARIANT"]
         return cfg
 
+    def check(self) -> None:
+        """Raise ``ValueError`` for settings that cannot work together."""
+        if not 1 <= self.max_phrase_tokens <= MAX_CONTEXT_TOKENS:
+            raise ValueError(f"max_phrase_tokens must be 1..{MAX_CONTEXT_TOKENS}")
+        if self.window_context * FRAME_SAMPLES < CROSSFADE_SAMPLES // 2:
+            raise ValueError(
+                f"window context must be >= {CROSSFADE_SAMPLES // 2 // FRAME_SAMPLES + 1} frames"
+            )
+        lo, hi = self.first_window
+        if not 1 <= lo <= hi:
+            raise ValueError(f"first window range {lo}..{hi} frames is empty")
+        if not 1 <= self.min_window <= self.max_window:
+            raise ValueError(
+                f"need 1 <= min window ({self.min_window}) <= max window ({self.max_window})"
+            )
 
-class _Estimator:
-    """Running estimates of compute speed, used to size the next phrase."""
+
+class _DecodeSpeed:
+    """Running estimate of decode compute seconds per decoded audio second."""
 
     def __init__(self) -> None:
-        self.rtf = RTF_PRIOR
-        self.sec_per_token = SEC_PER_TOKEN_PRIOR
-        self.pad_audio = PAD_AUDIO_S
+        self.rtf = DECODE_RTF_PRIOR
         self._lock = threading.Lock()
 
-    def compute_s(self, n_tokens: int, speed: float) -> float:
-        """Expected compute seconds of one inference of ``n_tokens`` tokens."""
-        return self.rtf * (n_tokens * self.sec_per_token + self.pad_audio) / speed
-
-    def update(self, n_tokens: int, raw_s: float, compute_s: float, speed: float) -> None:
-        if raw_s <= 0:
+    def update(self, decoded_s: float, compute_s: float) -> None:
+        if decoded_s <= 0:
             return
         with self._lock:
-            self.rtf = 0.7 * self.rtf + 0.3 * (compute_s / raw_s)
-            speech = max(raw_s - self.pad_audio / speed, 0.0) * speed
-            if n_tokens >= 8:
-                self.sec_per_token = 0.8 * self.sec_per_token + 0.2 * (speech / n_tokens)
-
-    def budget(self, ahead_s: float, speed: float, max_tokens: int) -> int:
-        allowed_raw = max(ahead_s, 0.0) / max(self.rtf, 1e-3) * HEADROOM
-        speech = allowed_raw - self.pad_audio / speed
-        tokens = int(speech * speed / max(self.sec_per_token, 1e-3))
-        return max(MIN_BUDGET_TOKENS, min(tokens, max_tokens))
+            self.rtf = 0.7 * self.rtf + 0.3 * (compute_s / decoded_s)
 
 
 class KokoroSynthesizer:
@@ -185,20 +197,25 @@ class KokoroSynthesizer:
     def __init__(self, config: KokoroConfig | None = None, *, backend: Backend | None = None):
         self.config = config or KokoroConfig.from_env()
         self.name = self.config.name
-        if not 1 <= self.config.max_phrase_tokens <= MAX_CONTEXT_TOKENS:
-            raise ValueError(f"max_phrase_tokens must be 1..{MAX_CONTEXT_TOKENS}")
+        self.config.check()
         self._backend = backend
         self._voices: dict[str, VoicePack] = {}
         self._frontend: FrontEnd | None = None
         self._model_key = ""
         self._default_voice = self.config.voice or DEFAULT_VOICE
         self._cache = AudioCache(int(self.config.prompt_cache_mb * 1024 * 1024))
-        self._estimator = _Estimator()
+        self._speed = _DecodeSpeed()
+        self._boundary_ids: frozenset[int] = frozenset()
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
             "utterances": 0.0,
-            "phrases": 0.0,
+            "units": 0.0,
+            "windows": 0.0,
+            "prosody_ms_total": 0.0,
+            "decode_ms_total": 0.0,
             "infer_ms_total": 0.0,
+            "frames_kept_total": 0.0,
+            "frames_decoded_total": 0.0,
             "audio_s_total": 0.0,
             "last_first_chunk_ms": 0.0,
         }
@@ -247,13 +264,19 @@ class KokoroSynthesizer:
                     device=cfg.device,
                     spinning=cfg.spinning,
                     edge_cap=cfg.edge_cap,
+                    split=cfg.split,
                 )
         self._backend.load()
-        capped = bool(getattr(self._backend, "capped", False))
-        self._estimator.pad_audio = PAD_AUDIO_CAPPED_S if capped else PAD_AUDIO_S
+        marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
         set_marks = getattr(self._backend, "set_marks", None)
         if callable(set_marks):
-            set_marks(frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS))
+            set_marks(marks)
+        self._boundary_ids = marks | ({vocab.space} if vocab.space is not None else frozenset())
+        if not self.split:
+            log.warning(
+                "streamed_decoding_off",
+                reason="the backend runs whole utterances (graph not split or --no-split)",
+            )
         self._voices = voices
         st = files.model.stat()
         self._model_key = f"{files.model.resolve()}:{st.st_size}:{int(st.st_mtime)}"
@@ -288,7 +311,8 @@ class KokoroSynthesizer:
         out["prompt_cache_misses"] = float(self._cache.misses)
         out["prompt_cache_entries"] = float(len(self._cache))
         out["prompt_cache_mb"] = self._cache.nbytes / (1024 * 1024)
-        out["rtf_estimate"] = self._estimator.rtf
+        out["decode_rtf_estimate"] = self._speed.rtf
+        out["split"] = 1.0 if self.split else 0.0
         if self._frontend is not None:
             out.update(self._frontend.stats())
         return out
@@ -303,6 +327,11 @@ class KokoroSynthesizer:
         self._cache.clear()
 
     # -- internals ---------------------------------------------------------------------
+
+    @property
+    def split(self) -> bool:
+        """True when sentences are decoded in windows (the backend runs split stages)."""
+        return bool(getattr(self._backend, "split", False))
 
     @property
     def frontend(self) -> FrontEnd:
@@ -373,92 +402,167 @@ class KokoroSynthesizer:
             self._count(first_ms=(time.perf_counter() - t0) * 1000, utterances=1)
             yield cached.copy()
             return
-        planner = PhrasePlanner(
-            phon.words,
-            self.frontend.vocab.space,
-            first_max_words=cfg.first_phrase_words,
-            first_max_tokens=cfg.first_phrase_tokens,
-            max_tokens=cfg.max_phrase_tokens,
+        units = sentence_units(phon.words, self.frontend.vocab.space, cfg.max_phrase_tokens)
+        pieces = (
+            self._windows(units, style, speed, state, cancel)
+            if self.split
+            else self._whole_units(units, style, speed, cancel)
         )
-        joiner = audio_ops.Joiner()
         parts: list[FloatArray] = []
-        lead = int(LEAD_KEEP_S * SAMPLE_RATE)
-        prev_brk: int | None = None
         emitted = 0
-        t_first: float | None = None
-        budget: int | None = None
-        while True:
-            cancel.raise_if_cancelled()
-            phrase = planner.next(budget)
-            if phrase is None:
-                break
-            t_inf = time.perf_counter()
-            raw = backend.infer(phrase.tokens, style, speed, cancel)
-            compute = time.perf_counter() - t_inf
-            self._estimator.update(len(phrase.tokens), len(raw) / SAMPLE_RATE, compute, speed)
-            last = planner.done
-            tail = int((FINAL_TAIL_KEEP_S if last else TAIL_KEEP_S) * SAMPLE_RATE)
-            piece = audio_ops.trim(raw, lead, tail)
-            if prev_brk is not None and len(piece):
-                pause = int(BREAK_PAUSE_S[prev_brk] / speed * SAMPLE_RATE)
-                if pause:
-                    piece = np.concatenate([np.zeros(pause, np.float32), piece])
-            prev_brk = phrase.brk if len(piece) else prev_brk
-            out = joiner.push(piece)
-            if last:
-                out = np.concatenate([out, joiner.finish()])
-            self._count(phrases=1, infer_ms=compute * 1000)
-            cancel.raise_if_cancelled()
-            if len(out):
-                if t_first is None:
-                    t_first = time.perf_counter()
-                    self._count(first_ms=(t_first - t0) * 1000)
-                emitted += len(out)
-                if cache is not None:
-                    parts.append(out)
-                yield out
-            if t_first is not None:
-                ahead = emitted / SAMPLE_RATE - (time.perf_counter() - t_first)
-                budget = self._estimator.budget(ahead, speed, cfg.max_phrase_tokens)
-                rest = planner.remaining_tokens()
-                if (  # the whole rest in one inference when it is ready before playback ends
-                    0 < rest <= cfg.max_phrase_tokens
-                    and self._estimator.compute_s(rest, speed) <= ahead * REST_SLACK
-                ):
-                    budget = rest
-                if phrase.index > 0:  # later phrases grow, so a slow host gets few joins
-                    budget = max(budget, min(3 * len(phrase.tokens) // 2, cfg.max_phrase_tokens))
-                if ahead <= 0:  # playback already caught up: small phrases only add overhead
-                    budget = max(budget, min(2 * len(phrase.tokens), cfg.max_phrase_tokens))
-            log.debug(
-                "phrase_synthesized",
-                call_id=state.call_id,
-                index=phrase.index,
-                tokens=len(phrase.tokens),
-                compute_ms=round(compute * 1000, 1),
-                audio_ms=round(len(piece) / SAMPLE_RATE * 1000, 1),
-                next_budget=budget,
-            )
+        for out in pieces:
+            if not len(out):
+                continue
+            if emitted == 0:
+                self._count(first_ms=(time.perf_counter() - t0) * 1000)
+            emitted += len(out)
+            if cache is not None:
+                parts.append(out)
+            yield out
         if emitted == 0:
             raise SynthesisError(f"the model produced no audible speech for {norm[:40]!r}")
         self._count(utterances=1, audio_s=emitted / SAMPLE_RATE)
         if cache is not None and parts:
             cache.put(key, np.concatenate(parts))
 
+    def _unit_edges(
+        self, piece: FloatArray, unit: Phrase, units: list[Phrase], *, head: bool, tail: bool
+    ) -> FloatArray:
+        """Trim the model's edge silence at a unit's start/end; a pause before a later unit."""
+        if head:
+            piece = audio_ops.trim_lead(piece, int(LEAD_KEEP_S * SAMPLE_RATE))
+        if tail:
+            last = unit.index == len(units) - 1
+            keep = FINAL_TAIL_KEEP_S if last else TAIL_KEEP_S
+            piece = audio_ops.trim_tail(piece, int(keep * SAMPLE_RATE))
+        if head and unit.index > 0 and len(piece):
+            pause = int(BREAK_PAUSE_S[units[unit.index - 1].brk] * SAMPLE_RATE)
+            if pause:
+                piece = np.concatenate([np.zeros(pause, np.float32), piece])
+        return piece
+
+    def _whole_units(
+        self, units: list[Phrase], style: FloatArray, speed: float, cancel: CancelToken
+    ) -> Iterator[FloatArray]:
+        """Fallback: one whole inference per unit (a graph that cannot be split)."""
+        backend = self._backend
+        assert backend is not None
+        joiner = audio_ops.Joiner()
+        for unit in units:
+            cancel.raise_if_cancelled()
+            t_inf = time.perf_counter()
+            raw = backend.infer(unit.tokens, style, speed, cancel)
+            compute = time.perf_counter() - t_inf
+            piece = self._unit_edges(raw, unit, units, head=True, tail=True)
+            out = joiner.push(piece)
+            if unit.index == len(units) - 1:
+                out = np.concatenate([out, joiner.finish()])
+            self._count(units=1, infer_ms=compute * 1000)
+            cancel.raise_if_cancelled()
+            yield out
+
+    def _budget_frames(self, state: CallState, emitted_s: float, t_first: float) -> int:
+        """Frames the next window may have so that it is ready before playback runs dry."""
+        clock = getattr(state, "playback", None)
+        if clock is not None:
+            ahead = float(clock.ahead_s())
+        else:
+            ahead = emitted_s - (time.perf_counter() - t_first)
+        rtf = max(self._speed.rtf, 1e-3)
+        frames = ahead * HEADROOM / rtf * FRAMES_PER_S - 2 * self.config.window_context
+        return int(frames)
+
+    def _windows(
+        self,
+        units: list[Phrase],
+        style: FloatArray,
+        speed: float,
+        state: CallState,
+        cancel: CancelToken,
+    ) -> Iterator[FloatArray]:
+        """Whole-sentence prosody per unit, audio decoded in windows (module docstring)."""
+        backend = cast(SplitBackend, self._backend)
+        cfg = self.config
+        emitted = 0
+        t_first: float | None = None
+        for unit in units:
+            cancel.raise_if_cancelled()
+            t_p = time.perf_counter()
+            prosody = backend.prosody(unit.tokens, style, speed, cancel)
+            prosody_s = time.perf_counter() - t_p
+            self._count(units=1, prosody_ms=prosody_s * 1000)
+            planner = WindowPlanner(
+                prosody.n_frames,
+                prosody.frame_energy(),
+                boundary_frames(prosody.durations, unit.tokens, self._boundary_ids),
+                lead_frames=int(prosody.durations[0]),
+                first_frames=cfg.first_window,
+                min_frames=cfg.min_window,
+                max_frames=cfg.max_window,
+                context=cfg.window_context,
+            )
+            joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
+            budget: int | None = None
+            while (w := planner.next(budget)) is not None:
+                cancel.raise_if_cancelled()
+                t_d = time.perf_counter()
+                audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+                compute = time.perf_counter() - t_d
+                self._speed.update(w.decoded_frames / FRAMES_PER_S, compute)
+                piece = window_piece(audio, w, CROSSFADE_SAMPLES)
+                piece = self._unit_edges(piece, unit, units, head=w.index == 0, tail=w.last)
+                out = joiner.push(piece)
+                if w.last:
+                    out = np.concatenate([out, joiner.finish()])
+                self._count(
+                    windows=1,
+                    decode_ms=compute * 1000,
+                    kept=w.frames,
+                    decoded=w.decoded_frames,
+                )
+                log.debug(
+                    "window_decoded",
+                    call_id=state.call_id,
+                    unit=unit.index,
+                    index=w.index,
+                    frames=w.frames,
+                    decoded=w.decoded_frames,
+                    compute_ms=round(compute * 1000, 1),
+                    prosody_ms=round(prosody_s * 1000, 1) if w.index == 0 else None,
+                    budget=budget,
+                )
+                cancel.raise_if_cancelled()
+                if len(out) and t_first is None:
+                    t_first = time.perf_counter()
+                emitted += len(out)
+                yield out
+                if t_first is not None:
+                    budget = self._budget_frames(state, emitted / SAMPLE_RATE, t_first)
+
     def _count(
         self,
         *,
         utterances: int = 0,
-        phrases: int = 0,
+        units: int = 0,
+        windows: int = 0,
+        prosody_ms: float = 0.0,
+        decode_ms: float = 0.0,
         infer_ms: float = 0.0,
+        kept: int = 0,
+        decoded: int = 0,
         audio_s: float = 0.0,
         first_ms: float | None = None,
     ) -> None:
         with self._stats_lock:
             c = self._counters
             c["utterances"] += utterances
-            c["phrases"] += phrases
-            c["infer_ms_total"] += infer_ms
+            c["units"] += units
+            c["windows"] += windows
+            c["prosody_ms_total"] += prosody_ms
+            c["decode_ms_total"] += decode_ms
+            c["infer_ms_total"] += infer_ms + prosody_ms + decode_ms
+            c["frames_kept_total"] += kept
+            c["frames_decoded_total"] += decoded
             c["audio_s_total"] += audio_s
             if first_ms is not None:
                 c["last_first_chunk_ms"] = first_ms

@@ -1,0 +1,191 @@
+"""Decoder windows: where one sentence's aligned frames are cut for streamed decoding.
+
+Rule 1: pure functions of frame counts, energies and word-boundary frames; no
+model, no clocks. The synthesiser asks for each window with a frame budget
+that it derives from how much audio is queued ahead of playback.
+Rule 2: a window is decoded with ``context`` frames on each side (discarded)
+and joined to its neighbour with a short equal-gain crossfade centred on the
+cut, and cuts fall on word boundaries (frames of a space or punctuation
+token), at the quietest such frame in the allowed span. That keeps the
+generator's window-local instance-norm statistics from changing a word in the
+middle (measured: cuts at the quietest frame anywhere split "doctor" at its
+closure and the recogniser heard "dog do"; at word boundaries it did not).
+
+The first window is short (``first_frames``: about 0.4-0.65 s of speech after
+the leading pad) so the first audio leaves early; later windows follow the
+budget, never below ``min_frames`` (a window costs ``2 * context`` extra
+frames, so small ones waste compute) and never above ``max_frames`` (a long
+window holds a synthesis worker that other calls may need), and the rest of
+the sentence is one window when less than ``min_frames`` would be left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FRAME_SAMPLES = 600  # 25 ms at 24 kHz: one aligned frame of the decoder
+FRAMES_PER_S = 40
+CONTEXT_FRAMES = 8  # decoded on each side of a window and discarded
+CROSSFADE_SAMPLES = 480  # 20 ms equal-gain crossfade centred on each cut
+FIRST_FRAMES = (16, 26)  # first window: cut this many frames after the leading pad
+MIN_FRAMES = 32  # later windows: at least 0.8 s
+MAX_FRAMES = 200  # and at most 5 s
+SEARCH_FRAMES = 12  # a cut may move this far from the budget to reach a boundary
+
+
+@dataclass(frozen=True)
+class Window:
+    """Frames ``[start, end)`` are kept; ``[ctx_start, ctx_end)`` are decoded."""
+
+    index: int
+    start: int
+    end: int
+    ctx_start: int
+    ctx_end: int
+    last: bool
+
+    @property
+    def frames(self) -> int:
+        return self.end - self.start
+
+    @property
+    def decoded_frames(self) -> int:
+        return self.ctx_end - self.ctx_start
+
+
+def boundary_frames(
+    durations: Sequence[int] | npt.NDArray[np.int64],
+    tokens: Sequence[int],
+    boundary_ids: Iterable[int],
+) -> list[int]:
+    """Frames that lie inside a space or punctuation token of ``tokens``.
+
+    ``durations`` are frames per position of ``[pad, *tokens, pad]``. A cut at
+    frame ``f`` ends one window before ``f`` and starts the next at ``f``.
+    """
+    ids = frozenset(boundary_ids)
+    d = np.asarray(durations, dtype=np.int64).reshape(-1)
+    if len(d) != len(tokens) + 2:
+        raise ValueError(f"{len(d)} durations for {len(tokens)} tokens (+2 pads)")
+    starts = np.concatenate([[0], np.cumsum(np.maximum(d, 0))])
+    out: list[int] = []
+    for i, tok in enumerate(tokens):
+        if tok in ids:
+            a, b = int(starts[i + 1]), int(starts[i + 2])
+            out.extend(range(a, b))
+    return out
+
+
+class WindowPlanner:
+    """Hands out consecutive decoder windows of one sentence; see the module docstring."""
+
+    def __init__(
+        self,
+        n_frames: int,
+        energy: Sequence[float] | npt.NDArray[np.float32],
+        boundaries: Iterable[int],
+        *,
+        lead_frames: int = 0,
+        first_frames: tuple[int, int] = FIRST_FRAMES,
+        min_frames: int = MIN_FRAMES,
+        max_frames: int = MAX_FRAMES,
+        context: int = CONTEXT_FRAMES,
+        search: int = SEARCH_FRAMES,
+    ) -> None:
+        if n_frames < 1:
+            raise ValueError(f"a sentence has at least one frame, got {n_frames}")
+        if not 1 <= first_frames[0] <= first_frames[1]:
+            raise ValueError(f"bad first window range {first_frames}")
+        if not 1 <= min_frames <= max_frames:
+            raise ValueError(f"need 1 <= min_frames ({min_frames}) <= max_frames ({max_frames})")
+        if context < 0 or search < 0:
+            raise ValueError("context and search must be >= 0")
+        self.n = n_frames
+        e = np.asarray(energy, dtype=np.float64).reshape(-1)
+        if len(e) < n_frames:
+            e = np.concatenate([e, np.full(n_frames - len(e), np.inf)])
+        self.energy = e[:n_frames]
+        self.boundaries = sorted({b for b in boundaries if 0 < b < n_frames})
+        self.lead = max(0, min(lead_frames, n_frames))
+        self.first_frames = first_frames
+        self.min_frames = min_frames
+        self.max_frames = max_frames
+        self.context = context
+        self.search = search
+        self.pos = 0
+        self.count = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.n
+
+    @property
+    def remaining(self) -> int:
+        return self.n - self.pos
+
+    def _cut(self, lo: int, hi: int) -> int:
+        """The cut in ``[lo, hi]``: the quietest word-boundary frame, else the quietest frame."""
+        lo = max(lo, self.pos + 1)
+        hi = min(hi, self.n - 1)
+        if hi < lo:
+            return min(max(lo, self.pos + 1), self.n)
+        cands = [b for b in self.boundaries if lo <= b <= hi]
+        if cands:
+            return min(cands, key=lambda b: (self.energy[b], b))
+        span = self.energy[lo : hi + 1]
+        return lo + int(np.argmin(span))
+
+    def _emit(self, end: int) -> Window:
+        start = self.pos
+        last = end >= self.n
+        end = min(end, self.n)
+        w = Window(
+            index=self.count,
+            start=start,
+            end=end,
+            ctx_start=max(0, start - self.context),
+            ctx_end=min(self.n, end + self.context),
+            last=last,
+        )
+        self.pos = end
+        self.count += 1
+        return w
+
+    def next(self, budget: int | None = None) -> Window | None:
+        """The next window; ``budget`` frames of audio wanted (None: as large as allowed)."""
+        if self.done:
+            return None
+        if self.count == 0:
+            lo, hi = self.lead + self.first_frames[0], self.lead + self.first_frames[1]
+            if self.n - lo < self.min_frames:  # short sentence: the first window is all of it
+                return self._emit(self.n)
+            return self._emit(self._cut(lo, hi))
+        want = self.max_frames if budget is None else budget
+        want = max(self.min_frames, min(want, self.max_frames))
+        if self.remaining - want < self.min_frames:
+            if self.remaining <= self.max_frames:
+                return self._emit(self.n)
+            want = self.remaining - self.min_frames
+        lo = self.pos + max(self.min_frames, want - self.search)
+        hi = self.pos + min(self.max_frames, want + self.search)
+        hi = min(hi, self.n - self.min_frames)
+        return self._emit(self._cut(lo, hi))
+
+
+def window_piece(audio: npt.NDArray[np.float32], w: Window, fade: int) -> npt.NDArray[np.float32]:
+    """The samples of ``w`` to hand to the joiner, from its decoded audio.
+
+    Keeps frames ``[start, end)`` plus ``fade // 2`` samples on each inner side,
+    so that consecutive pieces overlap by exactly ``fade`` samples around the cut.
+    """
+    half = fade // 2
+    base = w.ctx_start * FRAME_SAMPLES
+    lo = w.start * FRAME_SAMPLES - (half if w.start > 0 else 0)
+    hi = w.end * FRAME_SAMPLES + (half if not w.last else 0)
+    lo = max(lo, base)
+    hi = min(hi, base + len(audio))
+    return audio[lo - base : hi - base]

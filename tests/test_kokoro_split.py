@@ -1,0 +1,218 @@
+"""The split Kokoro graph with the real model: exact stages, cache, seams, fallback."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import structlog
+from kokoro_helpers import EN_SENTENCE, loaded_synth, rms, shared_models_dir, speak, spy
+from onnx import TensorProto, helper
+
+from engines.kokoro.audio import Joiner
+from engines.kokoro.backend import OnnxBackend
+from engines.kokoro.graph_split import GraphSplitError, split_model, split_sources
+from engines.kokoro.models import KOKORO_INT8_NAME
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.kokoro.windows import (
+    CROSSFADE_SAMPLES,
+    FRAME_SAMPLES,
+    WindowPlanner,
+    boundary_frames,
+    window_piece,
+)
+from engines.runtime.synth import CallState, CancelToken
+
+pytestmark = pytest.mark.slow
+
+SEAM_TEXT = (
+    "Your package will arrive on Thursday between nine and noon, "
+    "and the driver will call you when he is close."
+)
+
+
+@pytest.fixture(scope="module")
+def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_models_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def kokoro_synth(kokoro_models_dir: Path) -> Iterator[KokoroSynthesizer]:
+    yield from loaded_synth(kokoro_models_dir)
+
+
+def tokens_of(synth: KokoroSynthesizer, text: str) -> list[int]:
+    space = synth.frontend.vocab.space
+    assert space is not None
+    out: list[int] = []
+    for w in synth.phonemize(text).words:
+        if out:
+            out.append(space)
+        out.extend(w.tokens)
+    return out
+
+
+def test_split_stages_give_the_whole_graph_bit_for_bit(
+    kokoro_synth: KokoroSynthesizer, kokoro_models_dir: Path
+) -> None:
+    model = kokoro_models_dir / "kokoro" / KOKORO_INT8_NAME
+    split = spy(kokoro_synth)
+    assert split.split and not split.capped  # the split graph keeps the model's edge silence
+    whole = OnnxBackend(model, edge_cap=False, split=False)
+    whole.load()
+    try:
+        assert not whole.split
+        tokens = tokens_of(kokoro_synth, EN_SENTENCE)
+        style = kokoro_synth._voices["jf_alpha"][len(tokens) - 1]
+        a = split.infer(tokens, style, 1.0, CancelToken())
+        b = whole.infer(tokens, style, 1.0, CancelToken())
+        prosody = split.prosody(tokens, style, 1.0, CancelToken())
+    finally:
+        whole.close()
+    assert len(a) == len(b) == prosody.n_frames * FRAME_SAMPLES
+    np.testing.assert_array_equal(a, b)
+    assert prosody.durations.sum() == prosody.n_frames
+    assert len(prosody.durations) == len(tokens) + 2
+    assert prosody.phase.shape[:2] == (1, 2 * prosody.n_frames)
+
+
+def test_split_files_are_cached_checked_and_rebuilt(kokoro_models_dir: Path) -> None:
+    model = kokoro_models_dir / "kokoro" / KOKORO_INT8_NAME
+    first = split_sources(model)
+    assert first is not None and isinstance(first.prosody, str)
+    decoder = Path(str(first.decoder))
+    stamp = model.with_name(model.name + ".split.stamp")
+    assert stamp.is_file() and decoder.is_file()
+    before = decoder.stat().st_mtime_ns
+    again = split_sources(model)
+    assert again == first and decoder.stat().st_mtime_ns == before  # reused, not rebuilt
+    data = bytearray(decoder.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # corrupt one byte: the checksum catches it
+    decoder.write_bytes(bytes(data))
+    rebuilt = split_sources(model)
+    assert rebuilt is not None
+    fresh = OnnxBackend(model)
+    fresh.load()
+    assert fresh.split
+    fresh.close()
+    assert b"".join([Path(str(rebuilt.decoder)).read_bytes()]) != bytes(data)
+
+
+def test_window_joins_are_seamless(kokoro_synth: KokoroSynthesizer) -> None:
+    """At every join the step between samples stays within the windows' own 99th
+    percentile, and the crossfade never makes a steeper slope than either window had."""
+    backend = spy(kokoro_synth)
+    tokens = tokens_of(kokoro_synth, SEAM_TEXT)
+    style = kokoro_synth._voices["jf_alpha"][len(tokens) - 1]
+    cancel = CancelToken()
+    prosody = backend.prosody(tokens, style, 1.0, cancel)
+    planner = WindowPlanner(
+        prosody.n_frames,
+        prosody.frame_energy(),
+        boundary_frames(prosody.durations, tokens, kokoro_synth._boundary_ids),
+        lead_frames=int(prosody.durations[0]),
+    )
+    joiner = Joiner(CROSSFADE_SAMPLES, equal_gain=True)
+    pieces = []
+    out = []
+    budgets = iter([40, 60, 80, 120, 200, 200, 200])
+    budget: int | None = None
+    while (w := planner.next(budget)) is not None:
+        piece = window_piece(
+            backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel), w, CROSSFADE_SAMPLES
+        )
+        pieces.append((w, piece))
+        out.append(joiner.push(piece))
+        budget = next(budgets)
+    out.append(joiner.finish())
+    assert len(pieces) >= 3, "the test sentence must have at least two joins"
+    y = np.concatenate(out)
+    assert abs(len(y) - prosody.n_frames * FRAME_SAMPLES) <= 1
+    inside = np.concatenate([np.abs(np.diff(p)) for _, p in pieces])
+    p99 = float(np.percentile(inside, 99))
+    half = CROSSFADE_SAMPLES // 2
+    for (wa, pa), (_wb, pb) in itertools.pairwise(pieces):
+        cut = wa.end * FRAME_SAMPLES
+        assert abs(float(y[cut] - y[cut - 1])) <= p99
+        region = np.abs(np.diff(y[cut - half : cut + half]))
+        own_a = np.abs(np.diff(pa[len(pa) - 2 * half :]))
+        own_b = np.abs(np.diff(pb[: 2 * half]))
+        assert float(region.max()) <= max(float(own_a.max()), float(own_b.max())) * 1.05 + 1e-4
+
+
+def test_streamed_sentence_matches_whole_sentence_length_and_level(
+    kokoro_synth: KokoroSynthesizer, kokoro_models_dir: Path
+) -> None:
+    streamed = np.concatenate(speak(kokoro_synth, SEAM_TEXT, CallState(call_id=21)))
+    whole = KokoroSynthesizer(
+        KokoroConfig(models_dir=kokoro_models_dir, prompt_cache_mb=0, split=False, edge_cap=False)
+    )
+    whole.load()
+    try:
+        ref = np.concatenate(speak(whole, SEAM_TEXT, CallState(call_id=21)))
+    finally:
+        whole.close()
+    assert 0.9 <= len(streamed) / len(ref) <= 1.1
+    assert 0.8 <= rms(streamed) / rms(ref) <= 1.25
+
+
+def foreign_graph(path: Path) -> Path:
+    """Kokoro's interface (tokens, style, speed -> audio) without Kokoro's insides."""
+    c = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["tokens"], ["shape"]),
+            helper.make_node("Slice", ["shape", "one", "two"], ["t"]),
+            helper.make_node("Mul", ["t", "per_token"], ["n"]),
+            helper.make_node("Squeeze", ["n", "zero"], ["n0"]),
+            helper.make_node("Range", ["zero_s", "n0", "one_s"], ["idx"]),
+            helper.make_node("Cast", ["idx"], ["fidx"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["fidx", "omega"], ["ph"]),
+            helper.make_node("Sin", ["ph"], ["s"]),
+            helper.make_node("Mul", ["s", "gain"], ["audio"]),
+        ],
+        "foreign",
+        [
+            helper.make_tensor_value_info("tokens", TensorProto.INT64, [1, "T"]),
+            helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, 256]),
+            helper.make_tensor_value_info("speed", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["N"])],
+        initializer=[
+            c("one", [1]),
+            c("two", [2]),
+            c("per_token", [1800]),
+            c("zero", [0]),
+            helper.make_tensor("zero_s", TensorProto.INT64, [], [0]),
+            helper.make_tensor("one_s", TensorProto.INT64, [], [1]),
+            helper.make_tensor("omega", TensorProto.FLOAT, [], [2 * np.pi * 220 / 24000]),
+            helper.make_tensor("gain", TensorProto.FLOAT, [], [0.3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_graph_that_cannot_be_split_falls_back_to_whole_utterances(tmp_path: Path) -> None:
+    model = foreign_graph(tmp_path / "other.onnx")
+    with pytest.raises(GraphSplitError):
+        split_model(onnx.load(str(model)))
+    synth = KokoroSynthesizer(KokoroConfig(models_dir=tmp_path, model=model, prompt_cache_mb=0))
+    with structlog.testing.capture_logs() as logs:
+        synth.load()
+        chunks = list(
+            synth.synthesize("Hello there. How are you?", CallState(call_id=1), CancelToken())
+        )
+    events = {e["event"] for e in logs}
+    assert "graph_split_unavailable" in events and "streamed_decoding_off" in events
+    assert not synth.split
+    audio = np.concatenate(chunks)
+    assert len(audio) > 0 and rms(audio) > 0.05
+    assert synth.stats()["windows"] == 0 and synth.stats()["units"] >= 1
+    synth.close()

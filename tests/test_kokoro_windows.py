@@ -1,0 +1,133 @@
+"""Decoder windows: first window short and at a word boundary, budgets, coverage, pieces."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.kokoro.windows import (
+    FRAME_SAMPLES,
+    Window,
+    WindowPlanner,
+    boundary_frames,
+    window_piece,
+)
+
+
+def all_windows(p: WindowPlanner, budget: int | None = None) -> list[Window]:
+    out = []
+    while (w := p.next(budget)) is not None:
+        out.append(w)
+    return out
+
+
+def test_boundary_frames_are_the_frames_of_space_and_mark_tokens() -> None:
+    # [pad, a, ' ', b, '.', pad] with durations 3, 2, 1, 4, 2, 5
+    frames = boundary_frames([3, 2, 1, 4, 2, 5], [50, 16, 51, 4], {16, 4})
+    assert frames == [5, 10, 11]
+    with pytest.raises(ValueError):
+        boundary_frames([1, 2], [50], {16})
+
+
+def test_first_window_ends_at_the_quietest_boundary_after_the_lead() -> None:
+    energy = np.ones(200)
+    energy[25] = 0.5
+    energy[30] = 0.1  # quieter, but not a word boundary
+    p = WindowPlanner(200, energy, [20, 25, 60], lead_frames=5, first_frames=(16, 26))
+    first = p.next()
+    assert first is not None and (first.start, first.end) == (0, 25)
+    assert first.ctx_start == 0 and first.ctx_end == 25 + p.context
+
+
+def test_without_a_boundary_in_range_the_quietest_frame_is_taken() -> None:
+    energy = np.ones(200)
+    energy[22] = 0.0
+    p = WindowPlanner(200, energy, [], lead_frames=2, first_frames=(16, 26))
+    first = p.next()
+    assert first is not None and first.end == 22
+
+
+def test_short_sentence_is_one_window() -> None:
+    p = WindowPlanner(40, np.ones(40), [20], lead_frames=10, min_frames=32)
+    (only,) = all_windows(p)
+    assert (only.start, only.end, only.last) == (0, 40, True)
+    assert (only.ctx_start, only.ctx_end) == (0, 40)
+
+
+def test_later_windows_follow_the_budget_within_bounds() -> None:
+    n = 600
+    bounds = list(range(5, n, 7))
+    p = WindowPlanner(n, np.ones(n), bounds, min_frames=32, max_frames=200, search=6)
+    p.next()
+    small = p.next(budget=1)
+    assert small is not None and 32 <= small.frames <= 32 + 6
+    big = p.next(budget=10_000)
+    assert big is not None and big.frames <= 200
+    mid = p.next(budget=80)
+    assert mid is not None and abs(mid.frames - 80) <= 6
+
+
+def test_no_tiny_last_window() -> None:
+    p = WindowPlanner(100, np.ones(100), list(range(1, 100)), min_frames=32, max_frames=200)
+    p.next()
+    w = p.next(budget=60)
+    assert w is not None and w.last and w.end == 100  # 60 would leave < 32 frames behind
+
+
+@given(
+    n=st.integers(1, 1500),
+    lead=st.integers(0, 30),
+    budgets=st.lists(st.one_of(st.none(), st.integers(-50, 400)), min_size=1, max_size=60),
+    bounds=st.lists(st.integers(0, 1600), max_size=80),
+    context=st.integers(0, 20),
+)
+def test_windows_tile_the_sentence_in_order_within_limits(
+    n: int, lead: int, budgets: list[int | None], bounds: list[int], context: int
+) -> None:
+    energy = np.random.default_rng(n).random(n)
+    p = WindowPlanner(n, energy, bounds, lead_frames=lead, context=context)
+    windows: list[Window] = []
+    i = 0
+    while (w := p.next(budgets[i % len(budgets)])) is not None:
+        windows.append(w)
+        i += 1
+        assert i <= n + 1
+    assert windows[0].start == 0 and windows[-1].end == n and windows[-1].last
+    assert all(not w.last for w in windows[:-1])
+    for a, b in itertools.pairwise(windows):
+        assert a.end == b.start and a.frames >= 1
+    for w in windows:
+        assert w.ctx_start == max(0, w.start - context) and w.ctx_end == min(n, w.end + context)
+        if 0 < w.index and not w.last:
+            assert p.min_frames <= w.frames <= p.max_frames
+
+
+def test_pieces_overlap_by_the_fade_around_each_cut() -> None:
+    n = 100
+    audio_all = np.arange(n * FRAME_SAMPLES, dtype=np.float32)
+    p = WindowPlanner(n, np.ones(n), [30, 70], lead_frames=0, min_frames=20, context=8)
+    fade = 480
+    pieces = []
+    for w in all_windows(p, budget=40):
+        decoded = audio_all[w.ctx_start * FRAME_SAMPLES : w.ctx_end * FRAME_SAMPLES]
+        pieces.append((w, window_piece(decoded, w, fade)))
+    # each piece holds exactly its frames plus half the fade on every inner side
+    for w, piece in pieces:
+        lo = w.start * FRAME_SAMPLES - (fade // 2 if w.start else 0)
+        hi = w.end * FRAME_SAMPLES + (fade // 2 if not w.last else 0)
+        np.testing.assert_array_equal(piece, audio_all[lo:hi])
+    total = sum(len(pc) for _, pc in pieces) - fade * (len(pieces) - 1)
+    assert total == n * FRAME_SAMPLES
+
+
+def test_bad_planner_arguments() -> None:
+    with pytest.raises(ValueError):
+        WindowPlanner(0, [], [])
+    with pytest.raises(ValueError):
+        WindowPlanner(10, np.ones(10), [], first_frames=(5, 2))
+    with pytest.raises(ValueError):
+        WindowPlanner(10, np.ones(10), [], min_frames=50, max_frames=20)
