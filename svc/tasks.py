@@ -45,6 +45,10 @@ class Supervisor:
         task.add_done_callback(self._done)
         return task
 
+    def begin_close(self) -> None:
+        """A stop was asked for: a ``must_run`` task may end from now on."""
+        self.closing = True
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
         critical = task in self.critical
