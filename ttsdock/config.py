@@ -22,8 +22,10 @@ OAP_QUEUE_SECONDS = 1.0  # audio queued while OAP is down is stale after this
 # back-pressure (ttsdock.hop): above the high-water mark of OAP data's write buffer the
 # active engine's socket is not read, below the low-water mark it is read again; memory
 # per engine is bounded by the high-water mark plus one socket read
-OAP_HIGH_WATER = 1 << 20
-OAP_LOW_WATER = 256 << 10
+# (4 MiB / 1 MiB: a burst through the dock runs at the direct path's rate, measured with
+# benchmarks/dock_hop.py; 1 MiB / 256 KiB cost ~15 % of it in pause/resume cycles)
+OAP_HIGH_WATER = 4 << 20
+OAP_LOW_WATER = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
