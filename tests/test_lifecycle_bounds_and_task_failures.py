@@ -1,4 +1,4 @@
-"""Review fixes: bounded engine calls (idle eviction, LRU cap), long-lived task failures
+"""Lifecycle: bounded engine calls (idle eviction, LRU cap), long-lived task failures
 are fatal in the engine and in the dock (non-zero exit status), and text meant for an
 engine whose transport is closing is held instead of counted as delivered."""
 
