@@ -91,6 +91,14 @@ def test_barge_in_discards_held_text_and_reaches_the_engine() -> None:
     assert r.call_message(SpeechIdle(5)) == [ToOap(SpeechIdle(5)), SendMgmt(SpeechIdle(5))]
 
 
+def test_first_speech_idle_prewarms_the_engine_only() -> None:
+    r = make()
+    r.dock("k", "h", 0.0)
+    assert r.call_message(SpeechIdle(9)) == [SendMgmt(SpeechIdle(9))]
+    assert r.call_message(SpeechIdle(9)) == []  # no change
+    assert r.call_message(SpeechActive(9)) == [ToOap(SpeechActive(9)), SendMgmt(SpeechActive(9))]
+
+
 def test_speech_after_end_dropped() -> None:
     r = make()
     r.call_message(CallEnd(6))

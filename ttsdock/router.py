@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from protocol.mgmt import CallEnd, CallMessage, SpeechActive
+from protocol.mgmt import CallEnd, CallMessage, SpeechActive, SpeechIdle
 from protocol.packet import Packet
-from ttsdock.calls import Action, CallEvent, CallTracker
+from ttsdock.calls import Action, CallEvent, CallState, CallTracker
 from ttsdock.hold import Discard, HoldBuffer
 from ttsdock.slot import EngineRecord, Slot
 from ttsdock.stats import Stats
@@ -116,8 +116,13 @@ class Router(Generic[H]):
         return []
 
     def call_message(self, msg: CallMessage) -> list[RouterAction[H]]:
-        action = self.tracker.apply_message(msg)
+        """CALL_END / SPEECH_* from LLaMA, teed to OAP and the active engine when they
+        change the call's state. **beyond**: the first SPEECH_IDLE of a call nobody has
+        heard of goes to the engine (it prewarms the call) but not to OAP (nothing changed
+        for OAP: the reference, which starts every call idle, passes nothing on)."""
         cid = msg.call_id
+        first_idle = isinstance(msg, SpeechIdle) and self.tracker.state(cid) is CallState.NEW
+        action = self.tracker.apply_message(msg)
         if action is Action.DROP:
             reason = "duplicate_call_end" if isinstance(msg, CallEnd) else "speech_after_end"
             self.stats.drops[reason] += 1
@@ -136,7 +141,8 @@ class Router(Generic[H]):
             discard = self.hold.discard(cid, "barge_in")
             if discard is not None:
                 out.append(self._discarded(discard))
-        out.append(ToOap(msg))
+        if not first_idle:
+            out.append(ToOap(msg))
         if self.slot.active is not None:
             out.append(SendMgmt(msg))
         return out
