@@ -210,7 +210,8 @@ class AudioHop:
         """The audio queued for OAP belongs to an engine that is gone (swap, engine left):
         drop it (counted ``oap_queue_flushed``). Returns the number of frames dropped."""
         n = len(self.pending)
-        self.stats.drops["oap_queue_flushed"] += n
+        if n:
+            self.stats.drops["oap_queue_flushed"] += n
         self.pending.clear()
         self.pending_bytes = 0
         return n
