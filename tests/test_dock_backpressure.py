@@ -87,3 +87,36 @@ async def test_oversize_audio_forwarded_and_counted(tmp_path: Path) -> None:
         assert (len(first.payload), len(second.payload)) == (12 + 4 * 4801, 12 + 4 * 4800)
         s = await rig.dock.stats()
         assert (int(s["audio_oversize"]), int(s["drops_total"])) == (1, 0)
+
+
+async def test_real_engine_runtime_under_back_pressure(tmp_path: Path) -> None:
+    """The real engine runtime (tone synthesiser) docked to the real dock: OAP stalls for
+    longer than every keepalive deadline on both sides while four calls synthesise far
+    faster than real time; nobody is declared dead and every packet the engine sent
+    reaches OAP."""
+    from runtime_helpers import ToneSynth, running_engine
+
+    async with make_rig(tmp_path) as rig:
+        synth = ToneSynth(phrase_ms=2000)  # one 2 s phrase per word, no delay
+        async with running_engine(synth, rig.dock.ports["dock"]) as engine:
+            await eventually(lambda: rig.status_is("ACTIVE tone"), what="engine docked")
+            assert rig.oap.data is not None
+            oap_transport = rig.oap.data.writer.transport
+            oap_transport.pause_reading()
+            for cid in (1, 2, 3, 4):  # 4 calls x 40 s of audio: ~15 MB
+                rig.llama.text(cid, " ".join(["wort"] * 20))
+            await eventually(lambda: rig.dock.stat("engine_read_paused"), what="dock pushes back")
+            await asyncio.sleep(1.5)  # > 600 ms (dock's PONG deadline), > 1 s (engine's)
+            assert (await rig.dock.cmd("STATUS")).strip() == "ACTIVE tone"
+            assert engine.stats.dock_losses == 0
+            oap_transport.resume_reading()
+            await eventually(
+                lambda: synth.finished == 4 and engine.stats.packets_sent == 800,
+                within=60,
+                what="all audio synthesised and sent",
+            )
+            got = [await recv(rig.oap.packets, 30) for _ in range(800)]
+            assert sorted({p.call_id for p in got}) == [1, 2, 3, 4]
+            s = await rig.dock.stats()
+            assert int(s["audio_frames_out"]) == 800 and int(s["drops_total"]) == 0
+            assert int(s["keepalive_timeouts"]) == 0 and engine.stats.dock_losses == 0
