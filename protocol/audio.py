@@ -39,16 +39,25 @@ def decode_audio_header(payload: bytes | bytearray | memoryview) -> AudioHeader:
     return AudioHeader(rate, t_us)
 
 
-def check_audio_payload(payload: bytes | bytearray | memoryview) -> AudioHeader:
-    """Validate an engine audio payload without touching its PCM. Raises ``ProtocolError``."""
+def inspect_audio_payload(payload: bytes | bytearray | memoryview) -> tuple[AudioHeader, int]:
+    """Header and sample count of an audio payload, without touching its PCM and without
+    the 4800-sample limit (the dock forwards oversize packets, as the reference does, and
+    only counts them). Raises ``ProtocolError`` on a short header, a sample rate other
+    than 24 kHz, or PCM that is not whole float32 samples."""
     header = decode_audio_header(payload)
     if header.sample_rate != AUDIO_SAMPLE_RATE:
         raise ProtocolError("bad_sample_rate", f"{header.sample_rate}")
     pcm = len(payload) - AUDIO_HEADER_SIZE
     if pcm % 4:
         raise ProtocolError("ragged_pcm", f"{pcm} PCM bytes is not whole float32 samples")
-    if pcm > 4 * MAX_SAMPLES_PER_PACKET:
-        raise ProtocolError("too_many_samples", f"{pcm // 4} > {MAX_SAMPLES_PER_PACKET}")
+    return header, pcm // 4
+
+
+def check_audio_payload(payload: bytes | bytearray | memoryview) -> AudioHeader:
+    """Validate an engine audio payload without touching its PCM. Raises ``ProtocolError``."""
+    header, samples = inspect_audio_payload(payload)
+    if samples > MAX_SAMPLES_PER_PACKET:
+        raise ProtocolError("too_many_samples", f"{samples} > {MAX_SAMPLES_PER_PACKET}")
     return header
 
 

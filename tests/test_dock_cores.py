@@ -263,3 +263,17 @@ def test_config_cipher(tmp_path: Path) -> None:
     key.write_bytes(b"short")
     with pytest.raises(ValueError, match="32 bytes"):
         Config(ic_key=key).cipher()
+
+
+def test_config_back_pressure_marks(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(__import__("os").environ):
+        if k.startswith("TTSDOCK_"):
+            monkeypatch.delenv(k)
+    cfg = parse_args([])
+    assert (cfg.oap_high_water, cfg.oap_low_water) == (4 << 20, 1 << 20)
+    cfg = parse_args(["--oap-high-water", "65536", "--oap-low-water", "0"])
+    assert (cfg.oap_high_water, cfg.oap_low_water) == (65536, 0)
+    monkeypatch.setenv("TTSDOCK_OAP_HIGH_WATER", "2048")
+    assert parse_args(["--oap-low-water", "1024"]).oap_high_water == 2048
+    with pytest.raises(SystemExit):
+        parse_args(["--oap-high-water", "10", "--oap-low-water", "11"])

@@ -27,8 +27,8 @@ from dock_helpers import (
 
 from protocol.framing import FrameCipher, encode_frame
 from protocol.hello import Hello, encode_hello
-from protocol.mgmt import CallEnd, Custom, Ping, Pong
-from protocol.packet import Packet
+from protocol.mgmt import CallEnd, Custom, Ping, Pong, encode_mgmt
+from protocol.packet import Packet, encode_packet
 
 pytestmark = pytest.mark.slow
 
@@ -119,17 +119,11 @@ async def test_malformed_engine_frame_closes_only_that_engine(
 @pytest.mark.parametrize(
     ("channel", "garbage"),
     [
-        ("mgmt", encode_frame(b"\x63")),  # unknown mgmt type
-        ("mgmt", encode_frame(b"")),  # empty mgmt body
-        ("mgmt", encode_frame(b"\x01\x00\x00")),  # short CALL_END
         ("mgmt", struct.pack(">I", (1 << 20) + 257)),  # oversize length
-        ("data", encode_frame(struct.pack(">II", 0, 1) + b"x")),  # call_id 0
-        ("data", encode_frame(struct.pack(">II", 1, 9) + b"x")),  # size mismatch
-        ("data", encode_frame(b"abc")),  # short packet
         ("data", struct.pack(">I", 0xFFFFFFFF)),  # oversize length
     ],
 )
-async def test_malformed_llama_frame_closes_only_that_channel(
+async def test_llama_framing_error_closes_only_that_channel(
     rig: Rig, channel: str, garbage: bytes
 ) -> None:
     eng = await rig.engine()
@@ -140,6 +134,7 @@ async def test_malformed_llama_frame_closes_only_that_channel(
     await asyncio.wait_for(bad.closed.wait(), 5)
     assert not other.closed.is_set()
     assert rig.dock.events("frame_rejected")[-1]["channel"] == f"llama_{channel}"
+    assert await rig.dock.stat(f"drop_malformed_llama_{channel}") == 1
     # LLaMA reconnects that channel and everything flows again
     from dock_helpers import FakeLlama
 
@@ -147,15 +142,72 @@ async def test_malformed_llama_frame_closes_only_that_channel(
     await _still_serving(rig, eng)
 
 
-async def test_oap_garbage_closes_oap_channel_dock_reconnects(rig: Rig) -> None:
+BAD_DATA_BODIES = [
+    (struct.pack(">II", 0, 1) + b"x", "bad_call_id"),  # call_id 0
+    (struct.pack(">II", 1, 9) + b"x", "packet_size_mismatch"),
+    (b"abc", "short_packet"),
+    (struct.pack(">II", 1, (1 << 20) + 1) + b"x", "payload_too_large"),
+]
+BAD_MGMT_BODIES = [b"\x63", b"", b"\x01\x00\x00"]  # unknown type, empty, short CALL_END
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_DATA_BODIES)
+async def test_bad_llama_packet_costs_only_itself(rig: Rig, body: bytes, reason: str) -> None:
+    # the valid packet right behind the bad one, in the same write, still arrives
+    eng = await rig.engine()
+    assert rig.llama.data is not None
+    rig.llama.data.send_raw(encode_frame(body) + encode_frame(encode_packet(Packet(6, b"ok"))))
+    assert await eng.next_of(Packet) == Packet(6, b"ok")
+    assert not rig.llama.data.closed.is_set()
+    assert await rig.dock.stat("drop_bad_packet") == 1
+    assert await rig.dock.stat("drop_malformed_llama_data") == 0
+    warn = rig.dock.events("packet_dropped")[-1]
+    assert (warn["channel"], warn["reason"]) == ("llama_data", reason)
+    await _still_serving(rig, eng)
+
+
+@pytest.mark.parametrize("body", BAD_MGMT_BODIES)
+async def test_bad_llama_mgmt_body_costs_only_itself(rig: Rig, body: bytes) -> None:
+    eng = await rig.engine()
+    assert rig.llama.mgmt is not None
+    rig.llama.mgmt.send_raw(encode_frame(body) + encode_frame(encode_mgmt(CallEnd(12))))
+    assert await recv_until(rig.oap.messages, lambda m: isinstance(m, CallEnd)) == CallEnd(12)
+    assert not rig.llama.mgmt.closed.is_set()
+    assert await rig.dock.stat("drop_bad_packet") == 1
+    assert await rig.dock.stat("drop_malformed_llama_mgmt") == 0
+    await _still_serving(rig, eng)
+
+
+async def test_bad_packet_warn_is_rate_limited(rig: Rig) -> None:
+    eng = await rig.engine()
+    assert rig.llama.data is not None
+    bad = encode_frame(struct.pack(">II", 0, 1) + b"x")
+    rig.llama.data.send_raw(bad * 50 + encode_frame(encode_packet(Packet(6, b"ok"))))
+    assert await eng.next_of(Packet) == Packet(6, b"ok")
+    assert await rig.dock.stat("drop_bad_packet") == 50
+    assert len(rig.dock.events("packet_dropped")) == 1  # one WARN per second at most
+
+
+async def test_oap_framing_error_closes_oap_channel_dock_reconnects(rig: Rig) -> None:
     eng = await rig.engine()
     assert rig.oap.mgmt is not None
     first = rig.oap.mgmt_connects
-    rig.oap.mgmt.send_raw(encode_frame(b"\x63"))
+    rig.oap.mgmt.send_raw(struct.pack(">I", 0xFFFFFFFF))
     await eventually(lambda: rig.oap.mgmt_connects > first, what="dock reconnects to OAP")
     assert rig.dock.events("frame_rejected")[-1]["channel"] == "oap_mgmt"
     rig.llama.send(CallEnd(3))
     assert await recv_until(rig.oap.messages, lambda m: isinstance(m, CallEnd)) == CallEnd(3)
+    await _still_serving(rig, eng)
+
+
+async def test_bad_oap_mgmt_body_costs_only_itself(rig: Rig) -> None:
+    eng = await rig.engine()
+    assert rig.oap.mgmt is not None
+    first = rig.oap.mgmt_connects
+    rig.oap.mgmt.send_raw(encode_frame(b"\x63") + encode_frame(encode_mgmt(Ping())))
+    assert await recv_until(rig.oap.messages, lambda m: isinstance(m, Pong)) == Pong()
+    assert await rig.dock.stat("drop_bad_packet") == 1
+    assert rig.oap.mgmt_connects == first
     await _still_serving(rig, eng)
 
 
@@ -301,7 +353,7 @@ async def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
     async with asyncio.timeout(10):
         while b"WATCHDOG=1" not in got or b"READY=1" not in got:
             got.append(await loop.sock_recv(sock, 256))
-    assert got.index(b"READY=1") >= 0
+    assert got.count(b"READY=1") == 1  # once, however many watchdog pings
     assert await dock.stop() == 0
     async with asyncio.timeout(10):
         while b"STOPPING=1" not in got:

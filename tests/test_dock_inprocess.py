@@ -43,14 +43,14 @@ def _cfg() -> Config:
 async def test_non_loopback_engine_refused() -> None:
     dock = Dock(_cfg())
     for host in ("10.1.2.3", "192.168.0.5", "2001:db8::1"):
-        conn = EngineConn(dock)
+        conn = EngineConn(dock.pipeline)
         t = FakeTransport((host, 40000))
         conn.connection_made(t)  # type: ignore[arg-type]
         assert t.aborted and conn.state == "closed" and t.written == []
     assert dock.stats.engines_rejected == 3
     assert dock.stats.drops["engine_non_loopback_peer"] == 3
     for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
-        conn = EngineConn(dock)
+        conn = EngineConn(dock.pipeline)
         t = FakeTransport((host, 40000))
         conn.connection_made(t)  # type: ignore[arg-type]
         assert not t.aborted and conn.state == "hello"
@@ -67,20 +67,21 @@ async def test_lifecycle_in_process() -> None:
     eng = FakeEngine(ports["dock"], "inproc")
     t0 = time.perf_counter_ns()
     assert await eng.dock() == b"OK"
-    await eventually(lambda: dock.slot.active_name == "inproc", what="docked")
+    await eventually(lambda: dock.pipeline.router.slot.active_name == "inproc", what="docked")
     handshake_us = (time.perf_counter_ns() - t0) / 1000
     assert await dock.commands.handle(b"STATUS\n") == "ACTIVE inproc"
     # consistency, not a time budget: the switch was measured (in microseconds) and is a
     # part of the handshake this test saw from the outside
-    assert 0 < dock.last_switch_us <= handshake_us
+    assert 0 < dock.pipeline.last_switch_us <= handshake_us
     eng.audio(3)
-    await eventually(lambda: dock.stats.drops["oap_down"] == 0 and dock.oap_pending, what="q")
+    hop = dock.pipeline.hop
+    await eventually(lambda: dock.stats.drops["oap_down"] == 0 and hop.pending, what="queued")
     tasks = set(dock.supervisor.tasks)
     assert tasks
     await dock.stop()
     assert all(t.done() for t in tasks) and not dock.supervisor.tasks
     await asyncio.wait_for(eng.closed.wait(), 5)
-    assert dock.slot.active is None
+    assert dock.pipeline.router.slot.active is None
     await eng.close()
     # the listeners are closed: nothing answers on the dock port any more
     try:

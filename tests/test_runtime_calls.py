@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -96,11 +97,14 @@ async def test_bargein_no_audio_after_speech_active(dock: FakeDock) -> None:
         s.text(9, "queued text never spoken")
         s.text(4, " ".join(["other"] * 10))  # an unrelated call keeps talking
         await s.wait_audio(9, 3)
+        t_barge = time.monotonic()
         s.send(SpeechActive(9))
         s.send(Packet(4, b"more for four"))
-        rtt = await s.ping_rtt()
-        assert rtt >= 0
+        # PING barrier: the engine answered a PING sent after SPEECH_ACTIVE, so it has
+        # processed the barge-in by the time this PONG arrived
+        await s.ping_rtt()
         pong_at = events_of(s, Pong)[-1].t
+        assert pong_at > t_barge
         # nothing more can come once the cancelled synthesis has ended and the
         # queued text is gone; then a PING barrier flushes what was written before
         await wait_for(lambda: eng.stats.bargein_stop.count == 1)

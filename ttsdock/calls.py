@@ -16,6 +16,7 @@ import enum
 from collections import OrderedDict
 
 from protocol.mgmt import CallEnd, CallMessage, SpeechActive, SpeechIdle
+from svc.lru import EndedCalls
 
 ENDED_MEMORY = 4096  # WIRE.md 2 asks for at least the last 1000 ended ids
 MAX_LIVE_CALLS = 65_536  # bound on calls tracked without a CALL_END (oldest evicted)
@@ -89,7 +90,7 @@ class CallTracker:
         self.ended_memory = ended_memory
         self.max_live = max_live
         self._live: OrderedDict[int, CallState] = OrderedDict()
-        self._ended: OrderedDict[int, None] = OrderedDict()
+        self._ended = EndedCalls(ended_memory)
 
     def state(self, call_id: int) -> CallState:
         if call_id in self._ended:
@@ -102,9 +103,7 @@ class CallTracker:
         if new_state is CallState.ENDED:
             if state is not CallState.ENDED:
                 self._live.pop(call_id, None)
-                self._ended[call_id] = None
-                if len(self._ended) > self.ended_memory:
-                    self._ended.popitem(last=False)
+                self._ended.add(call_id)
         else:
             self._live[call_id] = new_state
             self._live.move_to_end(call_id)

@@ -2,15 +2,21 @@
 OAP (mgmt, data). Thin shells: read bytes, feed ``protocol.framing.FrameDecoder``, open the
 optional AES-GCM body, hand bodies to the dock; write what the dock says.
 
-Rule: a malformed frame (bad length, bad body, failed authentication) closes only the
-connection that sent it, with a WARN naming the reason.
+Rule 1: a framing error (an announced length over the bound, a body that fails AES-GCM
+authentication) loses the frame boundary or the peer's trust: it closes only the
+connection that sent it, with a WARN naming the reason. A well-framed body that is not a
+valid Packet or mgmt message (call_id 0, payload size not matching the frame, size over
+the limit, unknown mgmt type) costs only itself: it is dropped, counted
+(``drop_bad_packet``) and logged as a rate-limited WARN, and the connection keeps reading,
+as the reference does.
+Rule 2: these shells decide nothing: they report to a ``ChannelSink`` (the dock).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import structlog
 
@@ -28,15 +34,39 @@ from protocol.mgmt import (
     decode_mgmt,
     encode_mgmt,
 )
-from protocol.packet import decode_packet
+from protocol.packet import Packet, decode_packet
 from svc.net import tune_socket
-
-if TYPE_CHECKING:
-    from ttsdock.server import Dock
 
 log = structlog.get_logger(__name__)
 
-CUSTOM_REPLY = Custom(b"OK")  # every CUSTOM request from LLaMA is answered (WIRE.md 2)
+# every CUSTOM request from LLaMA is answered (WIRE.md 2) with an empty CUSTOM body, the
+# reference's bytes ``00000003 0a 0000``
+CUSTOM_REPLY = Custom(b"")
+
+
+class ChannelSink(Protocol):
+    """What a pipeline channel reports; the dock implements it."""
+
+    def channel_opened(self, ch: FramedChannel) -> None: ...
+
+    def channel_closed(self, ch: FramedChannel) -> None: ...
+
+    def channel_failed(self, ch: FramedChannel, exc: ProtocolError) -> None:
+        """A framing error: the channel closes."""
+
+    def bad_packet(self, ch: FramedChannel, exc: ProtocolError) -> None:
+        """A well-framed bad body: dropped, the channel stays."""
+
+    def on_text(self, pkt: Packet) -> None: ...
+
+    def on_mgmt(self, ch: FramedChannel, msg: MgmtMessage) -> None:
+        """A mgmt message from LLaMA (PING and CUSTOM are answered by the channel)."""
+
+    def oap_data_unexpected(self) -> None: ...
+
+    def oap_write_paused(self) -> None: ...
+
+    def oap_write_resumed(self) -> None: ...
 
 
 class FramedChannel(asyncio.Protocol):
@@ -45,8 +75,8 @@ class FramedChannel(asyncio.Protocol):
 
     role = "channel"
 
-    def __init__(self, dock: Dock, cipher: FrameCipher | None) -> None:
-        self.dock = dock
+    def __init__(self, sink: ChannelSink, cipher: FrameCipher | None) -> None:
+        self.sink = sink
         self.cipher = cipher
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
@@ -59,23 +89,28 @@ class FramedChannel(asyncio.Protocol):
         tune_socket(transport.get_extra_info("socket"))
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and peer else ""
-        self.dock.channel_opened(self)
+        self.sink.channel_opened(self)
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
         decoder.feed(data)
-        try:
-            while True:
+        cipher = self.cipher
+        while True:
+            try:  # framing: a bad length or a failed authentication closes the channel
                 body = decoder.next_body()
                 if isinstance(body, NeedData):
                     return
-                if self.cipher is not None:
-                    body = self.cipher.open(body)
+                if cipher is not None:
+                    body = cipher.open(body)
+            except ProtocolError as exc:
+                self.fail(exc)
+                return
+            try:  # the body: a bad Packet or mgmt message costs only itself
                 self.on_body(body)
-                if self.transport is None or self.transport.is_closing():
-                    return
-        except ProtocolError as exc:
-            self.fail(exc)
+            except ProtocolError as exc:
+                self.sink.bad_packet(self, exc)
+            if self.transport is None or self.transport.is_closing():
+                return
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -84,18 +119,11 @@ class FramedChannel(asyncio.Protocol):
         self.transport = None
         if not self.closed.done():
             self.closed.set_result(None)
-        self.dock.channel_closed(self)
+        self.sink.channel_closed(self)
 
     # -- helpers ----------------------------------------------------------------------
     def fail(self, exc: ProtocolError) -> None:
-        self.dock.stats.drops["malformed_" + self.role] += 1
-        log.warning(
-            "frame_rejected",
-            channel=self.role,
-            peer=self.peer,
-            reason=exc.reason,
-            detail=exc.detail,
-        )
+        self.sink.channel_failed(self, exc)
         self.close()
 
     def close(self) -> None:
@@ -130,23 +158,19 @@ class LlamaMgmt(FramedChannel):
 
     def on_body(self, body: bytes) -> None:
         msg = decode_mgmt(body)
-        self.dock.stats.mgmt_frames_in += 1
         if isinstance(msg, Ping):
             self.send_mgmt(PONG)
-        elif isinstance(msg, Pong):
-            pass
         elif isinstance(msg, Custom):
             log.info("custom_received", channel=self.role, text=msg.text[:200])
             self.send_mgmt(CUSTOM_REPLY)
-        else:
-            self.dock.on_call_message(msg)
+        self.sink.on_mgmt(self, msg)
 
 
 class LlamaData(FramedChannel):
     role = "llama_data"
 
     def on_body(self, body: bytes) -> None:
-        self.dock.on_text(decode_packet(body))
+        self.sink.on_text(decode_packet(body))
 
 
 REPLY_EXPIRY = 5.0  # seconds after which an unanswered CUSTOM request to OAP is forgotten
@@ -158,8 +182,8 @@ class OapMgmt(FramedChannel):
 
     role = "oap_mgmt"
 
-    def __init__(self, dock: Dock, cipher: FrameCipher | None) -> None:
-        super().__init__(dock, cipher)
+    def __init__(self, sink: ChannelSink, cipher: FrameCipher | None) -> None:
+        super().__init__(sink, cipher)
         # CUSTOM requests sent and not answered yet, oldest first: (sent at, reply future)
         self.waiters: deque[tuple[float, asyncio.Future[bytes]]] = deque()
 
@@ -213,7 +237,25 @@ class OapMgmt(FramedChannel):
 
 
 class OapData(FramedChannel):
+    """The dock's data connection to OAP. Its transport's write-buffer marks drive the
+    back-pressure on the active engine (``ttsdock.hop``): above ``high`` asyncio calls
+    ``pause_writing``, below ``low`` ``resume_writing``."""
+
     role = "oap_data"
 
+    def __init__(self, sink: ChannelSink, cipher: FrameCipher | None, high: int, low: int) -> None:
+        super().__init__(sink, cipher)
+        self.high, self.low = high, low
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).set_write_buffer_limits(high=self.high, low=self.low)
+        super().connection_made(transport)
+
+    def pause_writing(self) -> None:
+        self.sink.oap_write_paused()
+
+    def resume_writing(self) -> None:
+        self.sink.oap_write_resumed()
+
     def on_body(self, body: bytes) -> None:
-        self.dock.stats.drops["oap_data_unexpected"] += 1  # OAP sends nothing on data
+        self.sink.oap_data_unexpected()  # OAP sends nothing on data

@@ -15,14 +15,15 @@ from protocol.cmd import parse_command
 from svc.logs import current_level, set_level
 
 if TYPE_CHECKING:
-    from ttsdock.server import Dock
+    from ttsdock.pipeline import Pipeline
 
 MAX_CALLS_LISTED = 100  # CALLS lists at most this many calls (then "more=N")
 
 
 class CommandTable:
-    def __init__(self, dock: Dock) -> None:
-        self.dock = dock
+    def __init__(self, pipeline: Pipeline, started_at: float) -> None:
+        self.pipeline = pipeline
+        self.started_at = started_at
 
     async def handle(self, data: bytes) -> str:
         cmd = parse_command(data)
@@ -30,7 +31,7 @@ class CommandTable:
         if name == "PING" and cmd.arg is None:
             return "PONG"
         if name == "STATUS" and cmd.arg is None:
-            active = self.dock.slot.active_name
+            active = self.pipeline.router.slot.active_name
             return f"ACTIVE {active}" if active else "NONE"
         if name == "SET_LOG_LEVEL":
             try:
@@ -43,13 +44,13 @@ class CommandTable:
         if name == "CALLS" and cmd.arg is None:
             return self.calls()
         if name == "STATS" and cmd.arg is None:
-            return self.dock.stats.line(self.gauges_line())
+            return self.pipeline.stats.line(self.gauges_line())
         if name == "METRICS" and cmd.arg is None:
-            return self.dock.stats.prometheus(self.gauges())
+            return self.pipeline.stats.prometheus(self.gauges())
         return "ERR unknown_command"
 
     def engines(self) -> str:
-        slot = self.dock.slot
+        slot = self.pipeline.router.slot
         now = time.monotonic()
         parts = [f"slot={slot.state.value}", f"generation={slot.generation}"]
         if slot.active is not None:
@@ -67,18 +68,18 @@ class CommandTable:
         return " ".join(parts)
 
     def calls(self) -> str:
-        dock = self.dock
-        live = dock.tracker.live()
-        held = dock.hold.calls()
+        router = self.pipeline.router
+        live = router.tracker.live()
+        held = router.hold.calls()
         ids = sorted(set(live) | set(held))
         parts = [
             f"calls={len(ids)}",
             f"held_calls={len(held)}",
-            f"held_bytes={dock.hold.total_bytes}",
-            f"ended_remembered={dock.tracker.ended_count}",
+            f"held_bytes={router.hold.total_bytes}",
+            f"ended_remembered={router.tracker.ended_count}",
         ]
         for cid in ids[:MAX_CALLS_LISTED]:
-            state = dock.tracker.state(cid).value
+            state = router.tracker.state(cid).value
             n, nb = held.get(cid, (0, 0))
             parts.append(f"{cid}:{state}:held={n}/{nb}B")
         if len(ids) > MAX_CALLS_LISTED:
@@ -86,29 +87,34 @@ class CommandTable:
         return " ".join(parts)
 
     def gauges(self) -> dict[str, int]:
-        dock = self.dock
+        p = self.pipeline
+        slot, hold = p.router.slot, p.router.hold
+        oap_data = p.oap_data
+        oap_t = oap_data.transport if oap_data is not None else None
         return {
-            "engine_active": int(dock.slot.active is not None),
-            "engine_generation": dock.slot.generation,
-            "engines_draining": len(dock.slot.draining),
-            "oap_mgmt_connected": int(dock.oap_mgmt is not None),
-            "oap_data_connected": int(dock.oap_data is not None),
-            "llama_mgmt_connected": int("llama_mgmt" in dock.llama),
-            "llama_data_connected": int("llama_data" in dock.llama),
-            "held_calls": len(dock.hold.calls()),
-            "held_bytes": dock.hold.total_bytes,
-            "oap_queued_bytes": dock.oap_pending_bytes,
-            "uptime_seconds": int(time.monotonic() - dock.started_at),
+            "engine_active": int(slot.active is not None),
+            "engine_generation": slot.generation,
+            "engines_draining": len(slot.draining),
+            "engine_read_paused": int(p.hop.engine_paused),
+            "oap_mgmt_connected": int(p.oap_mgmt is not None),
+            "oap_data_connected": int(oap_data is not None),
+            "oap_write_buffer_bytes": oap_t.get_write_buffer_size() if oap_t is not None else 0,
+            "llama_mgmt_connected": int("llama_mgmt" in p.llama),
+            "llama_data_connected": int("llama_data" in p.llama),
+            "held_calls": len(hold.calls()),
+            "held_bytes": hold.total_bytes,
+            "oap_queued_bytes": p.hop.pending_bytes,
+            "uptime_seconds": int(time.monotonic() - self.started_at),
         }
 
     def gauges_line(self) -> dict[str, int | str]:
-        dock = self.dock
+        p = self.pipeline
         out: dict[str, int | str] = {
-            "slot": dock.slot.state.value,
-            "engine": dock.slot.active_name or "none",
+            "slot": p.router.slot.state.value,
+            "engine": p.router.slot.active_name or "none",
             "log_level": current_level(),
-            "switch_last_us": int(dock.last_switch_us),
-            "switch_max_us": int(dock.max_switch_us),
+            "switch_last_us": int(p.last_switch_us),
+            "switch_max_us": int(p.max_switch_us),
         }
         out.update(self.gauges())
         return out

@@ -17,8 +17,15 @@ from ttsdock import hold
 
 LOOPBACK = "127.0.0.1"
 ENV_PREFIX = "TTSDOCK_"
-OAP_BUFFER_BYTES = 4 << 20  # audio queued for OAP before frames are dropped
+OAP_BUFFER_BYTES = 4 << 20  # audio queued while OAP data is down before frames are dropped
 OAP_QUEUE_SECONDS = 1.0  # audio queued while OAP is down is stale after this
+# back-pressure (ttsdock.hop): above the high-water mark of OAP data's write buffer the
+# active engine's socket is not read, below the low-water mark it is read again; memory
+# per engine is bounded by the high-water mark plus one socket read
+# (4 MiB / 1 MiB: a burst through the dock runs at the direct path's rate, measured with
+# benchmarks/dock_hop.py; 1 MiB / 256 KiB cost ~15 % of it in pause/resume cycles)
+OAP_HIGH_WATER = 4 << 20
+OAP_LOW_WATER = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,8 @@ class Config:
     hold_total_bytes: int = hold.HOLD_TOTAL_BYTES
     oap_buffer_bytes: int = OAP_BUFFER_BYTES
     oap_queue_seconds: float = OAP_QUEUE_SECONDS
+    oap_high_water: int = OAP_HIGH_WATER
+    oap_low_water: int = OAP_LOW_WATER
     ended_calls: int = 4096
     log_level: str = "INFO"
     udp_log: tuple[str, int] | None = None
@@ -146,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--oap-buffer-bytes",
         d.oap_buffer_bytes,
-        "audio bytes queued for OAP before dropping (default %(default)s)",
+        "audio bytes queued while OAP data is down, before dropping (default %(default)s)",
         type=_nonneg_int,
     )
     add(
@@ -154,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
         d.oap_queue_seconds,
         "audio queued while OAP is down is dropped after this (default %(default)s)",
         type=_nonneg_float,
+    )
+    add(
+        "--oap-high-water",
+        d.oap_high_water,
+        "OAP data write buffer above which the active engine is not read (back-pressure; "
+        "default %(default)s)",
+        type=_nonneg_int,
+    )
+    add(
+        "--oap-low-water",
+        d.oap_low_water,
+        "OAP data write buffer below which the engine is read again, <= high water "
+        "(default %(default)s)",
+        type=_nonneg_int,
     )
     add(
         "--ended-calls",
@@ -193,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
             udp = hostport(UDP_LOG_DEFAULT[1])(ns.udp_log)
         except argparse.ArgumentTypeError as exc:
             p.error(f"--udp-log: {exc}")
+    if ns.oap_low_water > ns.oap_high_water:
+        p.error("--oap-low-water must not exceed --oap-high-water")
     if ns.ended_calls < 1000:
         p.error("--ended-calls must be at least 1000 (WIRE.md 2)")
     return Config(
@@ -215,6 +240,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         hold_total_bytes=ns.hold_total_bytes,
         oap_buffer_bytes=ns.oap_buffer_bytes,
         oap_queue_seconds=ns.oap_queue_seconds,
+        oap_high_water=ns.oap_high_water,
+        oap_low_water=ns.oap_low_water,
         ended_calls=ns.ended_calls,
         log_level=ns.log_level,
         udp_log=udp,

@@ -1,38 +1,30 @@
 """One engine connection on the dock port (WIRE.md 3): a thin shell around
-``protocol.hello.LineReader`` / ``parse_hello`` (handshake) and
-``protocol.engine_frames.EngineFrameDecoder`` (tagged frames).
+``protocol.connection.EngineDockConnection`` (HELLO phase, then tagged frames).
 
-Rule 1: a peer mistake (non-loopback peer, bad HELLO, unknown tag or mgmt type,
-oversize packet) closes only this connection, with the protocol's ``ERR`` line
-where one exists and a WARN naming the reason; the active engine is untouched.
-Rule 2: which engine is active is not decided here but in ``ttsdock.slot``; this
-file only reports "passed HELLO" and "gone" to the dock.
+Rule 1: a peer mistake (non-loopback peer, bad HELLO, unknown tag or mgmt type, oversize
+packet: on this channel there is no length prefix, so a bad header loses the frame
+boundary) closes only this connection, with the protocol's ``ERR`` line where one exists
+and a WARN naming the reason; the active engine and every other connection are untouched.
+Rule 2: which engine is active, what becomes of its audio, and when reading pauses are
+decided elsewhere (``ttsdock.slot``, ``ttsdock.hop``); this file reports events to its
+``EngineSink`` and does what it is told (write, pause or resume reading, retire, abort).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import structlog
 
-from protocol.engine_frames import EngineFrameDecoder
+from protocol.connection import EngineDockConnection, Phase, Role
 from protocol.errors import ProtocolError
-from protocol.framing import NeedData
-from protocol.hello import (
-    OK_LINE,
-    REASON_TIMEOUT_OR_TOO_LONG,
-    Hello,
-    HelloRejected,
-    LineReader,
-    parse_hello,
-)
-from protocol.mgmt import MAX_CUSTOM_ENGINE, Custom, Ping, Pong, encode_mgmt
+from protocol.framing import NEED_DATA
+from protocol.hello import REASON_TIMEOUT_OR_TOO_LONG, Hello, HelloRejected
+from protocol.mgmt import MAX_CUSTOM_ENGINE, Custom, MgmtMessage, Ping, Pong, encode_mgmt
 from protocol.packet import Packet
 from svc.net import is_loopback, tune_socket
-
-if TYPE_CHECKING:
-    from ttsdock.server import Dock
+from ttsdock.keepalive import Keepalive
 
 log = structlog.get_logger(__name__)
 
@@ -44,32 +36,54 @@ PING_FRAME = b"\x02\x04"
 PONG_FRAME = b"\x02\x05"
 
 
-def mgmt_frame(msg: Ping | Pong | Custom | object) -> bytes:
-    return b"\x02" + encode_mgmt(msg, max_custom=MAX_CUSTOM_ENGINE)  # type: ignore[arg-type]
+def mgmt_frame(msg: MgmtMessage) -> bytes:
+    return b"\x02" + encode_mgmt(msg, max_custom=MAX_CUSTOM_ENGINE)
+
+
+class EngineSink(Protocol):
+    """What an engine connection reports; the dock implements it."""
+
+    def engine_opened(self, conn: EngineConn) -> None: ...
+
+    def engine_rejected(self, conn: EngineConn, reason: str, detail: str = "") -> None: ...
+
+    def engine_docked(self, conn: EngineConn) -> int:
+        """HELLO passed; returns the connection's generation."""
+
+    def engine_audio(self, conn: EngineConn, pkt: Packet) -> None: ...
+
+    def engine_read_done(self, conn: EngineConn) -> None:
+        """Every complete frame of one socket read has been reported."""
+
+    def engine_malformed(self, conn: EngineConn, exc: ProtocolError) -> None: ...
+
+    def engine_gone(self, conn: EngineConn, reason: str, was_docked: bool) -> None:
+        """The connection is closed (``was_docked``: it had passed HELLO)."""
 
 
 class EngineConn(asyncio.Protocol):
-    """States: ``hello`` -> ``docked`` -> ``closed`` (or ``hello`` -> ``closed``)."""
+    """Phases from ``protocol.connection``: hello -> deciding -> frames -> closed."""
 
-    def __init__(self, dock: Dock) -> None:
-        self.dock = dock
+    def __init__(self, sink: EngineSink) -> None:
+        self.sink = sink
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.state = "hello"
+        self.conn = EngineDockConnection(Role.DOCK)
         self.peer = ""
         self.name = ""
         self.generation = 0
-        self.reader = LineReader()
-        self.decoder = EngineFrameDecoder()
-        self.last_pong = 0.0
-        #: seconds since ``last_pong`` during which the dock's own loop was not running
-        #: (set by the keepalive task; see ``Dock._keepalive``), and whether the PONG
-        #: deadline had already passed at the previous keepalive tick
-        self.stall_credit = 0.0
-        self.overdue = False
+        self.keepalive = Keepalive(self.loop.time())
         self.close_reason = "closed_by_engine"
         self._hello_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def docked(self) -> bool:
+        return self.conn.phase is Phase.FRAMES
+
+    @property
+    def state(self) -> str:
+        return self.conn.phase.value
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -77,20 +91,29 @@ class EngineConn(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         self.peer = f"{host}:{peer[1]}" if host else ""
-        self.dock.engine_conns.add(self)
+        self.sink.engine_opened(self)
         if not is_loopback(host):
-            self.dock.engine_rejected(self, "non_loopback_peer")
-            self.state = "closed"
+            self.sink.engine_rejected(self, "non_loopback_peer")
+            self.conn.close()
             transport.abort()
             return
         tune_socket(transport.get_extra_info("socket"))
         self._hello_timer = self.loop.call_later(HELLO_TIMEOUT, self._hello_timed_out)
 
     def data_received(self, data: bytes) -> None:
-        if self.state == "docked":
-            self._frames(data)
-        elif self.state == "hello":
-            self._hello(data)
+        conn = self.conn
+        if conn.phase is Phase.FRAMES:
+            conn.frames.feed(data)
+            self._frames()
+            return
+        try:
+            conn.feed(data)
+        except HelloRejected as exc:
+            self._reject(exc)
+            return
+        ev = conn.next_event()
+        if isinstance(ev, Hello):
+            self._accept(ev)
 
     def eof_received(self) -> bool | None:
         return None
@@ -100,96 +123,64 @@ class EngineConn(asyncio.Protocol):
         for timer in (self._hello_timer, self._kill_timer):
             if timer is not None:
                 timer.cancel()
-        was = self.state
-        self.state = "closed"
-        self.dock.engine_conns.discard(self)
-        if was == "docked":
-            self.dock.engine_gone(self, self.close_reason)
+        was_docked = self.docked
+        self.conn.close()
+        self.sink.engine_gone(self, self.close_reason, was_docked)
 
     # -- handshake --------------------------------------------------------------------
-    def _hello(self, data: bytes) -> None:
-        try:
-            line = self.reader.feed(data)
-            if line is None:
-                return
-            hello = parse_hello(line)
-        except HelloRejected as exc:
-            self._reject(exc)
-            return
-        self._accept(hello, self.reader.rest)
-
     def _hello_timed_out(self) -> None:
         self._hello_timer = None
-        if self.state == "hello":
+        if self.conn.phase is Phase.HELLO:
             self._reject(HelloRejected(REASON_TIMEOUT_OR_TOO_LONG, "no HELLO line within 2 s"))
 
     def _reject(self, exc: HelloRejected) -> None:
-        self.state = "closed"
         if self._hello_timer is not None:
             self._hello_timer.cancel()
-        self.dock.engine_rejected(self, exc.reason, exc.detail)
+        reply = self.conn.reject(exc)
+        self.sink.engine_rejected(self, exc.reason, exc.detail)
         if self.transport is not None:
-            self.transport.write(exc.reply)
+            self.transport.write(reply)
             self.transport.close()
 
-    def _accept(self, hello: Hello, rest: bytes) -> None:
+    def _accept(self, hello: Hello) -> None:
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
         assert self.transport is not None
         self.name = hello.name
-        self.state = "docked"
-        self.last_pong = self.loop.time()
-        self.stall_credit = 0.0
-        self.transport.write(OK_LINE)
-        self.generation = self.dock.engine_docked(self)
-        if rest and self.state == "docked":
-            self._frames(rest)
+        self.transport.write(self.conn.accept())
+        self.keepalive = Keepalive(self.loop.time())
+        self.generation = self.sink.engine_docked(self)
+        if self.docked:
+            self._frames()
 
     # -- frames after OK --------------------------------------------------------------
-    def _frames(self, data: bytes) -> None:
-        decoder = self.decoder
-        decoder.feed(data)
-        dock = self.dock
+    def _frames(self) -> None:
+        """Hot path: every complete frame of this read, then ``engine_read_done``."""
+        next_event = self.conn.frames.next_event
+        sink = self.sink
         try:
             while True:
-                ev = decoder.next_event()
+                ev = next_event()
                 cls = type(ev)
                 if cls is Packet:
-                    assert isinstance(ev, Packet)
-                    if self.generation == dock.slot.generation:
-                        dock.forward_audio(ev)
-                    else:
-                        dock.stats.drops["stale_engine"] += 1
-                elif cls is NeedData:
-                    dock.flush_audio()
-                    return
+                    sink.engine_audio(self, ev)  # type: ignore[arg-type]
                 elif cls is Pong:
-                    self.last_pong = self.loop.time()
-                    self.stall_credit = 0.0
-                    self.overdue = False
+                    self.keepalive.pong(self.loop.time())
                 elif cls is Ping:
                     self.write(PONG_FRAME)
+                elif ev is NEED_DATA:
+                    break
                 # CALL_END / SPEECH_* / CUSTOM from an engine: read fully and ignored
-                if self.state != "docked":
-                    dock.flush_audio()
-                    return
+                if self.transport is None or self.transport.is_closing():
+                    break
         except ProtocolError as exc:
-            dock.flush_audio()
-            dock.stats.drops["malformed_engine"] += 1
-            log.warning(
-                "engine_frame_rejected",
-                engine=self.name,
-                generation=self.generation,
-                reason=exc.reason,
-                detail=exc.detail,
-            )
+            sink.engine_read_done(self)
+            sink.engine_malformed(self, exc)
             self.close_reason = "protocol_error:" + exc.reason
             self.abort()
-
-    def silent_for(self, now: float) -> float:
-        """Seconds without a PONG, not counting time the dock's loop was stalled."""
-        return now - self.last_pong - self.stall_credit
+            return
+        sink.engine_read_done(self)
 
     # -- control ----------------------------------------------------------------------
     def writable(self) -> bool:
@@ -208,6 +199,20 @@ class EngineConn(asyncio.Protocol):
 
     def buffered(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    def pause_reading(self) -> None:
+        """Back-pressure: stop reading this engine; its keepalive deadline stops counting."""
+        t = self.transport
+        if t is not None and not self.keepalive.paused:
+            self.keepalive.pause(self.loop.time())
+            t.pause_reading()
+
+    def resume_reading(self) -> None:
+        t = self.transport
+        if self.keepalive.paused:
+            self.keepalive.resume(self.loop.time())
+            if t is not None and not t.is_closing():
+                t.resume_reading()
 
     def retire(self, shutdown: Custom) -> None:
         """Replaced by a newer engine: CUSTOM SHUTDOWN now, force-close after the grace."""

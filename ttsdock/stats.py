@@ -30,8 +30,10 @@ class Stats:
     mgmt_frames_to_engine: int = 0
     audio_frames_in: int = 0  # engine -> dock audio packets
     audio_bytes_in: int = 0
-    audio_frames_out: int = 0  # dock -> OAP audio packets
-    audio_bytes_out: int = 0
+    audio_frames_out: int = 0  # dock -> OAP audio packets (handed to OAP's transport)
+    audio_bytes_out: int = 0  # payload bytes, the same measure as audio_bytes_in
+    audio_oversize: int = 0  # audio packets over 4800 samples (forwarded, as the reference)
+    engine_read_pauses: int = 0  # times the active engine's reading was paused (back-pressure)
     text_held: int = 0
     text_delivered_from_hold: int = 0
     swaps: int = 0

@@ -39,6 +39,7 @@ from svc import loop as svc_loop
 from svc.logs import configure_logging
 from svc.net import is_loopback, start_cmd_server
 from svc.systemd import sd_notify, watchdog_loop
+from svc.tasks import Supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +105,7 @@ class Engine:
         self.exit_code = 0  # 1 once a long-lived task has failed
         self.cmd_server: asyncio.Server | None = None
         self.cmd_port: int | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(on_fatal=self._task_failed)
 
     # -- LinkHandler -----------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class Engine:
         if not self.stop.is_set():
             self.stop_reason = reason
             self.calls.closing = True  # stop taking work at once
+            self.supervisor.begin_close()
             self.stop.set()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -147,27 +149,18 @@ class Engine:
         c = self.config
         if not is_loopback(c.cmd_host):
             log.warning("cmd_port_not_loopback", host=c.cmd_host)
-        self._tasks = [
-            asyncio.create_task(self.client.run(self.stop), name="dock-client"),
-            asyncio.create_task(self._serve_cmd(), name="cmd-port"),
-            asyncio.create_task(self.calls.sweep_forever(), name="call-sweeper"),
-            asyncio.create_task(watchdog_loop(), name="watchdog"),
-        ]
-        for t in self._tasks:
-            t.add_done_callback(self._task_done)
+        sup = self.supervisor
+        # the dock client returns only once a stop was asked for: earlier is fatal
+        sup.spawn(self.client.run(self.stop), "dock-client", must_run=True)
+        sup.spawn(self._serve_cmd(), "cmd-port", critical=True)
+        sup.spawn(self.calls.sweep_forever(), "call-sweeper", critical=True)
+        sup.spawn(watchdog_loop(), "watchdog", critical=True)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        """A long-lived task ended: fatal (exit 1) if it raised, or if the dock client
-        gave up before a stop was asked for; anything else (cancelled at shutdown, the
-        cmd port bound, no systemd watchdog configured) is a normal end."""
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None and not (task.get_name() == "dock-client" and not self.stop.is_set()):
-            return
+    def _task_failed(self, task: asyncio.Task[None]) -> None:
+        """A long-lived task raised, or the dock client gave up before a stop was asked
+        for (``svc.tasks``): exit status 1. Anything else (cancelled at shutdown, the cmd
+        port bound, no systemd watchdog configured) is a normal end."""
         self.exit_code = 1
-        error = repr(exc) if exc is not None else "returned before stop"
-        log.error("task_failed", task=task.get_name(), error=error, exc_info=exc)
         self.request_stop(f"task_failed:{task.get_name()}")
 
     async def _serve_cmd(self) -> None:
@@ -196,15 +189,17 @@ class Engine:
         t0 = time.monotonic()
         sd_notify("STOPPING=1")
         log.info("engine_stopping", reason=self.stop_reason)
+        self.supervisor.begin_close()
         self.stop.set()
         await self.calls.close(WORKERS_GRACE)
         if self.cmd_server is not None:
             self.cmd_server.close()
-        for t in self._tasks:
-            if t.get_name() != "dock-client":
-                t.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=0.3)
+        try:  # the dock client closes its link on its own (flushing it); the rest is cancelled
+            await asyncio.wait_for(
+                self.supervisor.close(keep=lambda t: t.get_name() == "dock-client"), 0.3
+            )
+        except TimeoutError:
+            await self.supervisor.close()
         # Release the model only once no thread is inside it any more: freeing a session
         # under a running inference could crash the process instead of exiting 0.
         deadline = t0 + THREADS_GRACE

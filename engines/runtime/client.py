@@ -22,22 +22,11 @@ from typing import Any, Protocol, cast
 import structlog
 
 from protocol.audio import encode_audio_header
-from protocol.engine_frames import (
-    EngineEvent,
-    EngineFrameDecoder,
-    encode_engine_frame,
-    encode_engine_packet_header,
-)
+from protocol.connection import EngineDockConnection, Phase, Role
+from protocol.engine_frames import EngineEvent, encode_engine_frame, encode_engine_packet_header
 from protocol.errors import ProtocolError
 from protocol.framing import NeedData
-from protocol.hello import (
-    MAX_REPLY_LINE,
-    Hello,
-    HelloReply,
-    LineReader,
-    encode_hello,
-    parse_hello_reply,
-)
+from protocol.hello import Hello, HelloReply
 from protocol.mgmt import PONG, Ping
 from svc.net import tune_socket
 
@@ -73,19 +62,18 @@ class _Counters(Protocol):
 
 
 class DockLink(asyncio.Protocol):
-    """One TCP connection to the dock: HELLO phase, then the frame stream."""
+    """One TCP connection to the dock: the phases of ``protocol.connection`` (engine side):
+    hello -> frames -> closed."""
 
     def __init__(self, handler: LinkHandler, stats: _Counters) -> None:
         loop = asyncio.get_running_loop()
         self.handler = handler
         self.stats = stats
         self.transport: asyncio.Transport | None = None
-        self.phase = "hello"  # hello -> docked -> closed
+        self.conn = EngineDockConnection(Role.ENGINE)
         self.reply: asyncio.Future[HelloReply] = loop.create_future()
         self.lost: asyncio.Future[None] = loop.create_future()
         self.last_rx = time.monotonic()
-        self._line = LineReader(MAX_REPLY_LINE)
-        self._decoder = EngineFrameDecoder()
         self._paused = False
         self._drain: asyncio.Future[None] | None = None
 
@@ -97,31 +85,37 @@ class DockLink(asyncio.Protocol):
         tune_socket(transport.get_extra_info("socket"))
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
+    @property
+    def phase(self) -> Phase:
+        return self.conn.phase
+
     def data_received(self, data: bytes) -> None:
         t_ns = time.monotonic_ns()
         self.last_rx = t_ns / 1e9
-        if self.phase == "docked":
-            self._frames(data, t_ns)
-        elif self.phase == "hello":
-            try:
-                line = self._line.feed(data)
-                if line is None:
-                    return
-                reply = parse_hello_reply(line)
-            except ProtocolError as exc:
-                if not self.reply.done():
-                    self.reply.set_exception(exc)
-                self.abort()
-                return
+        conn = self.conn
+        if conn.phase is Phase.FRAMES:
+            conn.frames.feed(data)
+            self._frames(t_ns)
+            return
+        if conn.phase is not Phase.HELLO:
+            return
+        try:
+            conn.feed(data)
+        except ProtocolError as exc:
+            if not self.reply.done():
+                self.reply.set_exception(exc)
+            self.abort()
+            return
+        reply = conn.next_event()
+        if isinstance(reply, HelloReply):
             if not self.reply.done():
                 self.reply.set_result(reply)
             if reply.ok:
-                self.phase = "docked"
-                if self._line.rest:
-                    self._frames(self._line.rest, t_ns)
+                self._frames(t_ns)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.phase = "closed"
+        if self.conn.phase is not Phase.CLOSED:
+            self.conn.close()
         if not self.reply.done():
             self.reply.set_exception(ConnectionError("dock closed the connection"))
         if not self.lost.done():
@@ -137,12 +131,11 @@ class DockLink(asyncio.Protocol):
 
     # -- frames ----------------------------------------------------------------------------
 
-    def _frames(self, data: bytes, t_ns: int) -> None:
-        dec = self._decoder
-        dec.feed(data)
+    def _frames(self, t_ns: int) -> None:
+        conn = self.conn
         try:
-            while self.phase == "docked":
-                event = dec.next_event()
+            while conn.phase is Phase.FRAMES:
+                event = conn.next_event()
                 if isinstance(event, NeedData):
                     return
                 if isinstance(event, Ping):
@@ -151,6 +144,7 @@ class DockLink(asyncio.Protocol):
                     self.transport.write(_PONG_FRAME)
                     self.stats.pings_answered += 1
                     continue
+                assert not isinstance(event, Hello | HelloReply)
                 try:
                     self.handler.on_event(event, t_ns)
                 except Exception:  # a runtime bug must not cost the link
@@ -164,18 +158,18 @@ class DockLink(asyncio.Protocol):
 
     @property
     def docked(self) -> bool:
-        return self.phase == "docked"
+        return self.conn.phase is Phase.FRAMES
 
     @property
     def write_paused(self) -> bool:
         return self._paused
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and self.phase != "closed":
+        if self.transport is not None and self.conn.phase is not Phase.CLOSED:
             self.transport.write(data)
 
     async def drain(self) -> None:
-        if not self._paused or self.phase == "closed":
+        if not self._paused or self.conn.phase is Phase.CLOSED:
             return
         if self._drain is None or self._drain.done():
             self._drain = asyncio.get_running_loop().create_future()
@@ -186,13 +180,15 @@ class DockLink(asyncio.Protocol):
             self._drain.set_result(None)
 
     def abort(self) -> None:
-        self.phase = "closed"
+        if self.conn.phase is not Phase.CLOSED:
+            self.conn.close()
         if self.transport is not None:
             self.transport.abort()
 
     def close(self) -> None:
         """Flush what is buffered, then close (orderly)."""
-        self.phase = "closed"
+        if self.conn.phase is not Phase.CLOSED:
+            self.conn.close()
         if self.transport is not None:
             self.transport.close()
 
@@ -208,7 +204,7 @@ class EngineClient:
         handler: LinkHandler,
         stats: _Counters,
     ) -> None:
-        self.hello = encode_hello(Hello(name))
+        self.hello = EngineDockConnection(Role.ENGINE).hello(Hello(name))
         self.host = host
         self.port = port
         self.handler = handler
@@ -320,7 +316,7 @@ class EngineClient:
             return await self._watch(link, stop_wait)
         finally:
             self.link = None
-            if link.phase != "closed":
+            if link.phase is not Phase.CLOSED:
                 link.close()  # stopping: flush what is buffered, then close
             self.handler.on_undocked()
 

@@ -1,4 +1,4 @@
-"""Review fixes: bounded engine calls (idle eviction, LRU cap), long-lived task failures
+"""Lifecycle: bounded engine calls (idle eviction, LRU cap), long-lived task failures
 are fatal in the engine and in the dock (non-zero exit status), and text meant for an
 engine whose transport is closing is held instead of counted as delivered."""
 
@@ -296,24 +296,24 @@ async def test_text_to_closing_engine_is_held_then_delivered() -> None:
     second = FakeEngine(ports["dock"], "second")
     try:
         assert await first.dock() == b"OK"
-        await eventually(lambda: dock.slot.active_name == "first", what="docked")
-        dock.on_text(Packet(9, b"before"))
+        await eventually(lambda: dock.pipeline.router.slot.active_name == "first", what="docked")
+        dock.pipeline.on_text(Packet(9, b"before"))
         assert dock.stats.text_frames_to_engine == 1
-        eng = dock.engine
+        eng = dock.pipeline.engine
         assert eng is not None
         eng.abort("test_abort")  # connection_lost runs on a later loop turn
-        assert dock.engine is eng and not eng.writable()
+        assert dock.pipeline.engine is eng and not eng.writable()
         sent_mgmt = dock.stats.mgmt_frames_to_engine
-        dock.on_text(Packet(9, b"during close"))
-        dock.on_call_message(SpeechIdle(9))
+        dock.pipeline.on_text(Packet(9, b"during close"))
+        dock.pipeline.on_call_message(SpeechIdle(9))
         assert dock.stats.text_frames_to_engine == 1  # not counted as delivered
         assert dock.stats.text_held == 1
         assert dock.stats.mgmt_frames_to_engine == sent_mgmt
         # the safety net in _send_text: a closing engine's text is a counted drop
-        dock._send_text(eng, Packet(9, b"direct"))
+        dock.pipeline._send_text(Packet(9, b"direct"), from_hold=False)
         assert dock.stats.drops["engine_closing"] == 1
         assert dock.stats.text_frames_to_engine == 1
-        await eventually(lambda: dock.engine is None, what="engine gone")
+        await eventually(lambda: dock.pipeline.engine is None, what="engine gone")
         assert await second.dock() == b"OK"
         got = await second.next_of(Packet)
         assert got == Packet(9, b"during close")
