@@ -264,6 +264,12 @@ _URL_WORDS: dict[Lang, dict[str, str]] = {
         "%": "Prozent",
     },
 }
+#: after these words a number is an identifier and read digit by digit
+_ID_WORDS = frozenset(
+    "no. nr. # number nummer id pin code rx order ticket reference case account konto "
+    "kundennummer bestellnummer auftragsnummer rechnungsnummer vorgangsnummer "
+    "referenz sendung tracking".split()
+)
 _SPELLED_TLDS = frozenset({"de", "uk", "eu", "io", "us", "at", "ch", "tv"})
 _RANGE_WORD: dict[Lang, str] = {"en": "to", "de": "bis"}
 _PERCENT: dict[Lang, str] = {"en": "percent", "de": "Prozent"}
@@ -272,6 +278,13 @@ _FEMININE_DE = frozenset(
     "Minute Stunde Sekunde Woche Nacht Person Tablette Packung Flasche Kapsel Nummer Karte "
     "Rechnung Bestellung Lieferung Mail E-Mail Nachricht Frage Sendung Filiale Tür Etage".split()
 )
+_ORDINAL_CASE: dict[str, str] = {
+    **dict.fromkeys("der die das".split(), ""),
+    **dict.fromkeys(
+        "zum zur am im vom beim dem den des einem einen einer ihrem ihren".split(), "n"
+    ),
+    **dict.fromkeys("ein ihr unser".split(), "r"),
+}
 _DATIVE_BEFORE = frozenset("am vom zum beim im dem ab seit an bis".split())
 
 # ----------------------------------------------------------------- the one pattern
@@ -284,7 +297,7 @@ _WDAY_EN = (
 _WDAY_DE = r"Mo|Di|Mi|Do|Fr|Sa|So|Montag|Dienstag|Mittwoch|Donnerstag|Freitag|Samstag|Sonntag"
 _DASH = r"[ \t]?[–—-][ \t]?"
 _NUM = r"\d{1,3}(?:[.,\u202f\u00a0 ]\d{3})+(?:[.,]\d{1,2})?(?!\d)|\d{1,15}(?:[.,]\d{1,2})?(?!\d)"
-_TIME = r"(?:[01]?\d|2[0-3])[:.][0-5]\d"
+_TIME = r"(?:[01]?\d|2[0-3])(?::[0-5]\d|\.[0-5]\d(?=[ \t]?(?:Uhr\b|[AaPp]\.?[ \t]?[Mm]\b)))"
 _AMPM = r"[AaPp]\.?[ \t]?[Mm]\b\.?"
 _UNITS_RE = "|".join(sorted((re.escape(u) for u in UNITS), key=len, reverse=True))
 _ABBR_ALL = sorted({k for t in ABBREVIATIONS.values() for k in t}, key=len, reverse=True)
@@ -320,6 +333,7 @@ _PARTS: list[tuple[str, str]] = [
         rf"\b\d{{1,2}}(?:st|nd|rd|th|\.)?[ \t](?:of[ \t])?(?:{_MONTHS_RE})\b\.?"
         r"(?:,?[ \t]\d{4}\b)?",
     ),
+    ("deord", r"\b\d{1,3}\.(?=[ \t]+[A-ZÄÖÜ][a-zäöüß])"),
     ("dayrange", rf"\b(?:{_WDAY_EN}|{_WDAY_DE})\b\.?{_DASH}(?:{_WDAY_EN}|{_WDAY_DE})\b\.?"),
     (
         "money",
@@ -329,7 +343,11 @@ _PARTS: list[tuple[str, str]] = [
     ),
     ("percent", rf"[-−]?(?:{_NUM})[ \t]?%"),
     ("times", r"\b\d{1,2}[ \t]?[x×](?=[ \t]|$|[.,;])"),
-    ("unit", rf"(?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?"),
+    (
+        "unit",
+        rf"(?<![\w.,])[-−](?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?"
+        rf"|(?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?",
+    ),
     ("ordinal", r"\b\d{1,9}(?:st|nd|rd|th)\b"),
     ("hash", r"#[ \t]?\d{1,30}\b"),
     ("code", r"\b(?=[A-Za-z]{0,23}\d)(?=\d{0,23}[A-Za-z])[A-Za-z0-9]{2,24}\b"),
@@ -346,6 +364,7 @@ _PARTS: list[tuple[str, str]] = [
     ("sym", r"[&+=@§~×#°]"),
 ]
 _PATTERN = re.compile("|".join(f"(?P<{name}>{rx})" for name, rx in _PARTS))
+_NUMBERS = re.compile(f"(?P<num>{dict(_PARTS)['num']})")  # the fallback inside a match
 
 
 class _Pass:
@@ -361,8 +380,10 @@ class _Pass:
             out = getattr(self, kind)(m)
         except Exception:  # Rule 2: whatever fails is left as written
             return m.group(0)
-        if out is None:
-            return m.group(0)
+        if out is None:  # not what the pattern suggested: at least say its numbers
+            if kind == "num":
+                return m.group(0)
+            return _pad(m, _NUMBERS.sub(self, m.group(0)))
         return str(out) if kind == "street" else _pad(m, str(out))
 
     # -- helpers -------------------------------------------------------------------
@@ -566,6 +587,13 @@ class _Pass:
         full = word in MONTHS["en"] or word in MONTHS["de"]
         return "." if full or _at_end(m) else ""
 
+    def deord(self, m: re.Match[str]) -> str | None:
+        """German "zum 2. Stock" -> "zum zweiten Stock" (after an article or preposition)."""
+        prev = self.prev_word(m)
+        if self.lang != "de" or prev not in _ORDINAL_CASE:
+            return None
+        return ordinal(int(m.group(0)[:-1]), "de", _ORDINAL_CASE[prev])
+
     def dayrange(self, m: re.Match[str]) -> str | None:
         a, b = re.split(r"[ \t]?[–—-][ \t]?", m.group(0), maxsplit=1)
         da, db = WEEKDAY_FORMS.get(a.rstrip(".")), WEEKDAY_FORMS.get(b.rstrip("."))
@@ -644,6 +672,9 @@ class _Pass:
 
     def unit(self, m: re.Match[str]) -> str | None:
         text = m.group(0)
+        neg = text[:1] in "-−"
+        if neg:
+            text = text[1:]
         amount = re.match(_NUM, text)
         if amount is None:
             return None
@@ -664,6 +695,8 @@ class _Pass:
             out = f"{num} {de_sg if one else de_pl}"
         else:
             out = f"{self.number(amount.group(0))} {en_sg if one else en_pl}"
+        if neg:
+            out = "minus " + out
         return out + "." if dot and _at_end(m) else out
 
     def ordinal(self, m: re.Match[str]) -> str:
@@ -693,6 +726,8 @@ class _Pass:
                     digits(g, self.lang, phone=True) for g in (grouped or chunk_digits(body))
                 )
                 return ("minus " if neg else "") + words
+            if len(body) >= 4 and self.prev_word(m) in _ID_WORDS:
+                return digit_groups(body, self.lang)
             n = int(body)
             if n == 1 and self.lang == "de" and not neg:
                 nxt = re.match(r"[ \t]+([A-ZÄÖÜ][a-zäöüß]+)", m.string[m.end() : m.end() + 30])
@@ -709,6 +744,8 @@ class _Pass:
         after = m.string[m.end() : m.end() + 2]
         if self.lang == "de":
             return True  # 1100-1999 in German are years ("neunzehnhundert...")
+        if re.search(r"\b\d{4}[ \t]?[–—-][ \t]?$", m.string[max(0, m.start() - 8) : m.start()]):
+            return True  # the end of a range of years: "2020-2024"
         return prev in {
             "in",
             "since",
@@ -750,7 +787,6 @@ class _Pass:
                 "bis",
                 "-",
                 "–",
-                "und",
             ):
                 out = "Freitag"
         if key in ("a.m.", "p.m."):
@@ -768,6 +804,9 @@ class _Pass:
         if after.isdigit() and not before:
             return "minus "
         if (before.isdigit() or timeish) and (after.isdigit() or after in "$€£"):
+            head = s[max(0, a - 30) : a].lower()
+            if re.search(r"\b(?:between|zwischen)\s+\S+$", head):
+                return " and " if self.lang == "en" else " und "
             return f" {_RANGE_WORD[self.lang]} "
         if m.group(0).strip() in ("–", "—"):
             return ", " if before and after and before not in ".,;:!?" else " "
@@ -793,13 +832,18 @@ class _Pass:
 
 
 def _pad(m: re.Match[str], out: str) -> str:
-    """Keep the replacement a separate word from its neighbours."""
+    """Keep the replacement a separate word from its neighbours (also from a neighbouring
+    symbol that becomes a word itself: "C++" -> "C plus plus")."""
     s, a, b = m.string, m.start(), m.end()
-    if a > 0 and out[:1].isalnum() and s[a - 1].isalnum():
+    if a > 0 and out[:1].isalnum() and not s[a - 1].isspace() and s[a - 1] not in _OPENERS:
         out = " " + out
-    if b < len(s) and out[-1:].isalnum() and s[b].isalnum():
+    if b < len(s) and out[-1:].isalnum() and not s[b].isspace() and s[b] not in _CLOSERS:
         out = out + " "
     return out
+
+
+_OPENERS = frozenset("([{\"'„“«/-–—")
+_CLOSERS = frozenset(".,;:!?)]}\"'”»/-–—…")
 
 
 def _at_end(m: re.Match[str]) -> bool:
@@ -844,6 +888,8 @@ def _phone_groups(text: str, lang: Lang) -> list[str] | None:
     groups: list[str] = []
     for g in out:
         groups.extend(chunk_digits(g))
+    if "".join(groups) != "".join(re.findall(r"\d+", text)):
+        return None  # a reformatted number (e.g. an "00" prefix dropped): keep every digit
     return groups or None
 
 
@@ -864,14 +910,14 @@ def _parse_number(text: str, lang: Lang) -> tuple[str, str] | None:
 def _parse_amount(text: str) -> tuple[int, int] | None:
     """(units, cents) of a money amount: a separator before 1-2 final digits is the
     decimal mark, any other separator groups thousands (both languages)."""
-    t = text.replace("\u202f", " ").replace("\u00a0", " ")
-    mt = re.fullmatch(r"([\d., ]+?)(?:[.,](\d{1,2}))?", t)
-    if mt is None:
+    t = text.replace("\u202f", " ").replace("\u00a0", " ").strip()
+    cut = max(t.rfind("."), t.rfind(","))
+    frac = ""
+    if cut >= 0 and 1 <= len(t) - cut - 1 <= 2:
+        t, frac = t[:cut], t[cut + 1 :]
+    whole = re.sub(r"[., ]", "", t)
+    if not whole.isdigit() or len(whole) > MAX_CARDINAL_DIGITS or not (frac.isdigit() or not frac):
         return None
-    whole = re.sub(r"[., ]", "", mt.group(1))
-    if not whole.isdigit() or len(whole) > MAX_CARDINAL_DIGITS:
-        return None
-    frac = mt.group(2) or ""
     cents = int(frac.ljust(2, "0")) if frac else 0
     return int(whole), cents
 
