@@ -12,6 +12,7 @@ started with), and a bad file keeps the old lexicon.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from engines.text.markup import strip_markup
 from engines.text.normalize import DateOrder, NormalizeOptions, normalize
 
 log = structlog.get_logger(__name__)
+
+_NON_WORD_RE = re.compile(r"[\W\d_]+")
 
 
 def clean_text(text: str) -> str:
@@ -156,7 +159,13 @@ class TextFrontEnd:
     # -- the front end -----------------------------------------------------------------
 
     def language(self, sentence: str) -> Lang:
-        return detect_language(sentence) if self.lang_option == "auto" else self.lang_option
+        """The reference rule on the sentence's words: digits, symbols and punctuation do not
+        count (as written they are language-neutral, yet they would tip the rule's
+        letters-per-byte test to German: "Call 555-0142.")."""
+        if self.lang_option != "auto":
+            return self.lang_option
+        words = _NON_WORD_RE.sub(" ", sentence)
+        return detect_language(words if words.strip() else sentence)
 
     def speak(self, text: str) -> Spoken:
         """The spoken form of ``text`` as segments (never raises)."""
