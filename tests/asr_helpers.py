@@ -163,14 +163,29 @@ def _number_words(token: str, language: str) -> str:
     return words
 
 
+def _spoken(text: str, language: str) -> str:
+    """The project's text front end (numbers, money, times, dates as words) when present."""
+    try:
+        from engines.text import normalize
+    except ImportError:
+        return text
+    return str(normalize(text, "de" if language == "de" else "en"))
+
+
 def normalize_words(text: str, language: str = "en") -> list[str]:
-    """Lower case, numbers written out, punctuation stripped: the words ``wer`` compares."""
+    """Lower case, numbers written out, punctuation stripped: the words ``wer`` compares.
+
+    Both sides go through the same normalisation (the text front end's, then a plain
+    number-to-words pass for anything left), so "$42.50" and "forty-two dollars and
+    fifty cents", "8am" and "eight a.m." compare equal.
+    """
+    text = _spoken(text, language)
     names = _CURRENCY_DE if language == "de" else _CURRENCY
     text = text.lower().replace("%", " percent " if language != "de" else " prozent ")
     for sym, word in names.items():
         text = re.sub(rf"{re.escape(sym)}\s*({_NUMBER_RE.pattern})", rf"\1 {word}", text)
     text = _NUMBER_RE.sub(lambda m: f" {_number_words(m.group(0), language)} ", text)
-    text = text.replace("-", " ").replace("'", "").replace("’", "")
+    text = text.replace("-", " ").replace("'", "").replace("’", "").replace(".", "")
     text = re.sub(r"[^\w\s]", " ", text)
     return text.split()
 

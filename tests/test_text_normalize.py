@@ -44,7 +44,7 @@ EN_CASES = [
     ("The 1st and 2nd floors are closed.", "The first and second floors are closed."),
     ("That's the 22nd of April.", "That's the twenty-second of April."),
     ("Open 24/7.", "Open twenty-four seven."),
-    ("Order #48213 ships March 3rd.", "Order number four eight, two one three ships March third."),
+    ("Order #48213 ships March 3rd.", "Order number four eight two one three ships March third."),
     (
         "Your tracking number is 1Z999AA10123456784.",
         "Your tracking number is one Z nine nine nine ay ay one zero one two three four five "
@@ -150,7 +150,7 @@ EN_CASES = [
     ("We're 100% sure.", "We're one hundred percent sure."),
     ("Call me at 5:45 p.m.", "Call me at five forty-five p.m."),
     ("Shipping takes 1-2 weeks.", "Shipping takes one to two weeks."),
-    ("Your reference is 98765.", "Your reference is nine eight, seven six five."),
+    ("Your reference is 98765.", "Your reference is nine eight seven six five."),
     ("She paid 1,000 dollars.", "She paid one thousand dollars."),
     ("Try 0.5 ml.", "Try zero point five milliliters."),
     ("A 4G or 5G phone", "A four G or five G phone"),
@@ -186,7 +186,7 @@ DE_CASES = [
         "Am ersten Dezember zweitausendsechsundzwanzig ist geschlossen.",
     ),
     ("Wir sind 24/7 für Sie da.", "Wir sind rund um die Uhr für Sie da."),
-    ("Ihre Bestellnummer ist #48213.", "Ihre Bestellnummer ist Nummer vier acht, zwo eins drei."),
+    ("Ihre Bestellnummer ist #48213.", "Ihre Bestellnummer ist Nummer vier acht zwo eins drei."),
     ("Das Paket wiegt 2,5 kg.", "Das Paket wiegt zwei Komma fünf Kilogramm."),
     ("Die Lieferung kommt in 3-5 Werktagen.", "Die Lieferung kommt in drei bis fünf Werktagen."),
     ("Der Code lautet X7K9Q.", "Der Code lautet X sieben K neun Q."),
@@ -279,7 +279,7 @@ DE_CASES = [
     ("Es sind 1,5 l Wasser.", "Es sind eins Komma fünf Liter Wasser."),
     (
         "Die Adresse ist Bahnhofstr. 7, 10115 Berlin.",
-        "Die Adresse ist Bahnhofstraße sieben, eins null, eins eins fünf Berlin.",
+        "Die Adresse ist Bahnhofstraße sieben, eins null eins eins fünf Berlin.",
     ),
     (
         "Ihr Termin: 2026-12-01, 10:00 Uhr.",

@@ -87,6 +87,7 @@ PHONEME_SUBSTITUTIONS: dict[str, str] = {
 
 _LANG_FLAG_RE = re.compile(r"\([a-z]{2,3}(?:-[a-z0-9]{2,8})*\)")
 _SPACES_RE = re.compile(r"\s+")
+_LEADING_MARK_RE = re.compile(r"\s*([,;:.!?…—])\s*")
 
 #: Whitespace and control-character clean-up (one implementation: ``engines.text``).
 normalise_text = clean_text
@@ -329,6 +330,16 @@ class FrontEnd:
                 words.append(Word(piece, tuple(tokens), Word.WORD))
 
     def _text_words(self, text: str, lang: Lang, words: list[Word]) -> None:
+        lead = _LEADING_MARK_RE.match(text)
+        if lead is not None:  # ", welcome" after a lexicon word: espeak drops a leading mark
+            mark = lead.group(1)
+            if words and words[-1].brk == Word.WORD:
+                last = words[-1]
+                brk = Word.SENTENCE if mark in SENTENCE_MARKS else Word.CLAUSE
+                words[-1] = Word(last.ipa + mark, last.tokens + tuple(self.vocab.encode(mark)), brk)
+            text = text[lead.end() :]
+            if not text:
+                return
         clauses = self.espeak().clauses(text, ESPEAK_VOICES[lang])
         for i, clause in enumerate(clauses):
             ipa = clean_ipa(self._clause_ipa(clause, lang))

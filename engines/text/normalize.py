@@ -40,6 +40,9 @@ from engines.text.words import (
 
 DateOrder = Literal["mdy", "dmy"]
 MAX_EXPANSION = 24  # output chars per input char, at most (bounded output)
+#: an identifier up to this long is read as one run of digits; longer ones in groups
+#: with a pause between (a listener, and a recogniser, loses a long run)
+MAX_UNGROUPED_DIGITS = 6
 
 
 @dataclass(frozen=True)
@@ -706,8 +709,10 @@ class _Pass:
     def hash(self, m: re.Match[str]) -> str:
         run = re.search(r"\d+", m.group(0)).group(0)  # type: ignore[union-attr]
         word = SYMBOLS[self.lang]["#"]
-        if len(run) > 3:
+        if len(run) > MAX_UNGROUPED_DIGITS:
             return f"{word} {digit_groups(run, self.lang, phone=True)}"
+        if len(run) > 3:
+            return f"{word} {digits(run, self.lang, phone=True)}"
         return f"{word} {cardinal(int(run), self.lang)}"
 
     def code(self, m: re.Match[str]) -> str:
@@ -721,12 +726,16 @@ class _Pass:
             if len(body) > MAX_CARDINAL_DIGITS:
                 return digit_groups(body, self.lang, phone=False)
             if (body.startswith("0") and len(body) > 1) or len(body) >= 5:
+                if len(body) <= MAX_UNGROUPED_DIGITS:  # an ID, a postcode: one run, no pause
+                    return ("minus " if neg else "") + digits(body, self.lang, phone=True)
                 grouped = _phone_groups(body, self.lang) if body.startswith("0") else None
                 words = ", ".join(
                     digits(g, self.lang, phone=True) for g in (grouped or chunk_digits(body))
                 )
                 return ("minus " if neg else "") + words
             if len(body) >= 4 and self.prev_word(m) in _ID_WORDS:
+                if len(body) <= MAX_UNGROUPED_DIGITS:
+                    return digits(body, self.lang, phone=True)
                 return digit_groups(body, self.lang)
             n = int(body)
             if n == 1 and self.lang == "de" and not neg:
