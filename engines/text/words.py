@@ -77,7 +77,7 @@ def cardinal(n: int, lang: Lang) -> str:
     words = str(num2words(n, lang=lang))
     if lang == "en":
         words = words.replace(",", "").replace(" and ", " ")
-    return words.replace("minus ", "minus ")
+    return words
 
 
 def cardinal_one(n: int, lang: Lang, feminine: bool = False) -> str:
