@@ -175,6 +175,7 @@ def add_text_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lexicon",
         type=Path,
+        metavar="PATH",
         default=env("TTSDOCK_LEXICON", Path, None),
         help="pronunciation lexicon, one 'phrase | lang | replacement [| flags]' a line "
         "(README 'Text front end'); reloaded on SIGHUP and cmd RELOAD_LEXICON "
