@@ -74,7 +74,7 @@ def test_ipa_segment_goes_straight_to_the_vocabulary() -> None:
 
 def test_lexicon_ipa_reaches_the_model(synth: KokoroSynthesizer) -> None:
     assert synth.normalize("Hello **Mr. Nguyen**, your total is $42.50.") == (
-        "Hello Mister /ŋwˈɪn/ , your total is forty-two dollars and fifty cents."
+        "Hello Mister /ŋwˈɪn/, your total is forty-two dollars and fifty cents."
     )
     ph = synth.phonemize("Hello Mr. Nguyen.")
     vocab = synth.frontend.vocab

@@ -111,7 +111,7 @@ def test_matching_rules(tmp_path: Path) -> None:
         (", welcome.", False),
     ]
     assert qwen.speak("Hello Mr. NGUYEN, welcome.").text == "Hello Mister Nwin, welcome."
-    assert kokoro.speak("Hello Mr. Nguyen.").text == "Hello Mister /ŋwˈɪn/ ."
+    assert kokoro.speak("Hello Mr. Nguyen.").text == "Hello Mister /ŋwˈɪn/."
     # whole words only, case-insensitive by default
     assert qwen.speak("Try TTSdock and ttsdocks.").text == "Try T T S dock and ttsdocks."
     # "case": exact case only; language-specific entries only in their language

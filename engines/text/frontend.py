@@ -27,6 +27,7 @@ from engines.text.normalize import DateOrder, NormalizeOptions, normalize
 log = structlog.get_logger(__name__)
 
 _NON_WORD_RE = re.compile(r"[\W\d_]+")
+_MARKS = frozenset(",.;:!?…")
 
 
 def clean_text(text: str) -> str:
@@ -62,7 +63,13 @@ class Spoken:
     @property
     def text(self) -> str:
         """One line: text segments as they are, IPA segments between slashes."""
-        return " ".join(f"/{s.text}/" if s.ipa else s.text for s in self.segments)
+        out: list[str] = []
+        for seg in self.segments:
+            piece = f"/{seg.text}/" if seg.ipa else seg.text
+            if out and not (not seg.ipa and piece[:1] in _MARKS):
+                out.append(" ")
+            out.append(piece)
+        return "".join(out)
 
     @property
     def key(self) -> str:
