@@ -270,7 +270,8 @@ class FrontEnd:
         return self._espeak
 
     def language(self, text: str) -> Lang:
-        return detect_language(text) if self.lang_option == "auto" else self.lang_option
+        """The language the text front end chooses for one sentence."""
+        return self.text.language(text)
 
     def speak(self, text: str) -> Spoken:
         """The text front end's spoken form of a text packet (bounded input)."""
