@@ -379,6 +379,8 @@ class _Pass:
 
     def __call__(self, m: re.Match[str]) -> str:
         kind = m.lastgroup or ""
+        if not m.group(0).isascii() and any(c.isdigit() and c > "9" for c in m.group(0)):
+            return m.group(0)  # other scripts' digits (e.g. Arabic-Indic): no rules for them
         try:
             out = getattr(self, kind)(m)
         except Exception:  # Rule 2: whatever fails is left as written
