@@ -216,3 +216,8 @@ def test_bad_lexicon_at_start_up_fails_the_engine(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert b"1:expected" in proc.stderr
+
+
+def test_engine_unit_reloads_the_lexicon_with_sighup() -> None:
+    unit = (ROOT / "systemd" / "ttsdock-engine@.service").read_text(encoding="utf-8")
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit
