@@ -158,6 +158,18 @@ EN_CASES = [
     ("Take the A4 form.", "Take the ay four form."),
     ("Is 10:30 OK?", "Is ten thirty OK?"),
     ("Great job 👍 see you soon!", "Great job, see you soon!"),
+    ("Our hours are 9 AM – 5 PM.", "Our hours are nine a.m. to five p.m."),
+    ("It's 3:00pm.", "It's three p.m."),
+    ("That's $1.5 million.", "That's one point five million dollars."),
+    ("Due on 12/25/2026.", "Due on December twenty-fifth, twenty twenty-six."),
+    ("At 12:30 AM.", "At twelve thirty a.m."),
+    ("Call (030) 1234567.", "Call zero three zero, one two three, four five six seven."),
+    ("Wait 10–15 minutes.", "Wait ten to fifteen minutes."),
+    ("I'm sorry — that slot is taken.", "I'm sorry, that slot is taken."),
+    ("Prices from $5-$10.", "Prices from five dollars to ten dollars."),
+    ("The fee is 2.5%-3%.", "The fee is two point five percent to three percent."),
+    ("Reply STOP to 12345.", "Reply STOP to one two three four five."),
+    ("It's Tues., Jan. 5.", "It's Tuesday, January fifth."),
 ]
 DE_CASES = [
     (
@@ -311,6 +323,23 @@ DE_CASES = [
     ("Rufen Sie die 112 an.", "Rufen Sie die einhundertzwölf an."),
     ("Es geht um 1.000 €.", "Es geht um eintausend Euro."),
     ("Vielen Dank 😊 bis bald!", "Vielen Dank, bis bald!"),
+    ("Mo-Fr 9-18 Uhr", "Montag bis Freitag neun bis achtzehn Uhr"),
+    ("Das kostet € 5,99.", "Das kostet fünf Euro neunundneunzig."),
+    ("Das kostet 5,99€.", "Das kostet fünf Euro neunundneunzig."),
+    ("Um 9.00 Uhr", "Um neun Uhr"),
+    (
+        "Sie erreichen uns unter 089 / 12 34 56.",
+        "Sie erreichen uns unter null acht neun, eins zwo, drei vier, fünf sechs.",
+    ),
+    (
+        "Die Rechnung Nr. 2026-0042 ist offen.",
+        "Die Rechnung Nummer zwo null zwo sechs, null null vier zwo ist offen.",
+    ),
+    ("Die PLZ ist 80331.", "Die PLZ ist acht null drei drei eins."),
+    (
+        "Wir haben 7 Tage die Woche geöffnet – auch sonntags.",
+        "Wir haben sieben Tage die Woche geöffnet, auch sonntags.",
+    ),
 ]
 
 EN = TextFrontEnd(ipa=False, lang="en")

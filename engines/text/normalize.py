@@ -273,6 +273,10 @@ _ID_WORDS = frozenset(
     "kundennummer bestellnummer auftragsnummer rechnungsnummer vorgangsnummer "
     "referenz sendung tracking".split()
 )
+_ID_BEFORE_RE = re.compile(
+    r"(?:#|\b(?:Nr|No|Nummer|number|ID|Ref|PIN|order|ticket|[A-Za-zäöü]*nummer)\.?)[ \t]*\d+$",
+    re.IGNORECASE,
+)
 _SPELLED_TLDS = frozenset({"de", "uk", "eu", "io", "us", "at", "ch", "tv"})
 _RANGE_WORD: dict[Lang, str] = {"en": "to", "de": "bis"}
 _PERCENT: dict[Lang, str] = {"en": "percent", "de": "Prozent"}
@@ -322,7 +326,8 @@ _PARTS: list[tuple[str, str]] = [
         r"|\(\d{3}\)[ \t]?\d{3}[-. \t]\d{4}\b"
         r"|\b\d{3}[-.]\d{3}[-.]\d{4}\b"
         r"|\b\d{3}-\d{4}\b"
-        r"|\b0\d{2,5}(?:[ \t/-]\d{2,8}){1,3}\b",
+        r"|\(0\d{2,5}\)[ \t]?\d{2,8}(?:[ \t-]\d{2,8}){0,3}\b"
+        r"|\b0\d{2,5}(?:(?:[ \t]?[/-][ \t]?|[ \t])\d{2,8}){1,4}\b",
     ),
     ("dmy", r"\b\d{1,2}\.\d{1,2}\.(?:\d{4}\b|\d{2}\b)?"),
     ("twentyfourseven", r"\b24/7\b"),
@@ -344,25 +349,25 @@ _PARTS: list[tuple[str, str]] = [
         r"(?:[ \t]?(?:million|billion|Mio\.|Mrd\.|k\b))?"
         rf"|(?:{_NUM})[ \t]?(?:[$€£]|(?:EUR|USD|GBP|CHF|Euro|euros?|dollars?|Dollar)\b)",
     ),
-    ("percent", rf"[-−]?(?:{_NUM})[ \t]?%"),
+    ("percent", rf"(?<![\w%.,])[-−](?:{_NUM})[ \t]?%|(?:{_NUM})[ \t]?%"),
     ("times", r"\b\d{1,2}[ \t]?[x×](?=[ \t]|$|[.,;])"),
     (
         "unit",
-        rf"(?<![\w.,])[-−](?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?"
+        rf"(?<![\w.,%])[-−](?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?"
         rf"|(?:{_NUM})[ \t]?(?:{_UNITS_RE})(?![\w°])\.?",
     ),
     ("ordinal", r"\b\d{1,9}(?:st|nd|rd|th)\b"),
     ("hash", r"#[ \t]?\d{1,30}\b"),
     ("code", r"\b(?=[A-Za-z]{0,23}\d)(?=\d{0,23}[A-Za-z])[A-Za-z0-9]{2,24}\b"),
-    ("num", rf"(?<![\w.,])[-−](?:{_NUM})|(?:{_NUM})|\d{{16,}}"),
+    ("num", rf"(?<![\w.,%])[-−](?:{_NUM})|(?:{_NUM})|\d{{16,}}"),
     ("abbr", rf"(?<![\w.])(?:{_ABBR_RE})"),
     ("wday", rf"\b(?:{_WDAY_EN})\b\.?(?=,)"),
     ("month", r"\b(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Okt|Nov|Dec|Dez)\."),
     ("street", r"(?<=[a-zäöü])str\.|(?<=[a-zäöü])Str\."),
     (
         "dash",
-        r"[ \t]?[–—][ \t]?|(?<=\d)-(?=\d)|(?<=[AaPp][Mm])-(?=\d)|(?<=[Mm]\.)-(?=\d)"
-        r"|(?<!\w)-(?=\d)",
+        r"[ \t]?[–—][ \t]?|(?<=\d)-(?=[\d$€£])|(?<=[AaPp][Mm])-(?=\d)|(?<=[Mm]\.)-(?=\d)"
+        r"|(?<=%)-(?=\d)|(?<!\w)-(?=\d)",
     ),
     ("sym", r"[&+=@§~×#°]"),
 ]
@@ -814,7 +819,9 @@ class _Pass:
         timeish = prev_tail.endswith(("am", "pm", "a.m.", "p.m.", "uhr"))
         if after.isdigit() and not before:
             return "minus "
-        if (before.isdigit() or timeish) and (after.isdigit() or after in "$€£"):
+        if before.isdigit() and _ID_BEFORE_RE.search(s[max(0, a - 40) : a]):
+            return ", "  # inside an identifier ("Nr. 2026-0042"): a pause, not a range
+        if (before.isdigit() or before == "%" or timeish) and (after.isdigit() or after in "$€£"):
             head = s[max(0, a - 30) : a].lower()
             if re.search(r"\b(?:between|zwischen)\s+\S+$", head):
                 return " and " if self.lang == "en" else " und "
