@@ -3,7 +3,9 @@
 - ``protocol`` and ``svc`` import nothing of ours (only themselves, stdlib, third party);
 - ``ttsdock`` never imports ``engines``; ``engines`` never imports ``ttsdock``;
 - ``engines.kokoro`` and ``engines.qwen3`` never import each other;
-- ``engines.runtime`` never imports an engine (``engines.kokoro``, ``engines.qwen3``).
+- ``engines.runtime`` never imports an engine (``engines.kokoro``, ``engines.qwen3``);
+- ``engines.text`` (the shared text front end) imports no engine, not the runtime and not
+  ``ttsdock``: only itself and ``protocol``/``svc``-free third-party code.
 
 Imports anywhere in a file count (also inside functions and ``if TYPE_CHECKING``);
 relative imports are resolved against the file's package.
@@ -145,6 +147,21 @@ def test_checker_finds_a_planted_runtime_violation(tmp_path: Path) -> None:
     f.write_text("def f():\n    from ..kokoro.synth import KokoroSynthesizer\n")
     names = imported_modules(f.read_text(), module_name(f, tmp_path), False)
     assert any(is_under(n, "engines.kokoro") for n in names)
+
+
+def test_text_front_end_imports_no_engine_and_no_runtime() -> None:
+    assert len(sources("engines/text")) >= 5
+    forbidden = ("engines.kokoro", "engines.qwen3", "engines.runtime", "ttsdock", "protocol")
+    assert violations("engines/text", forbidden) == []
+
+
+def test_checker_finds_a_planted_text_violation(tmp_path: Path) -> None:
+    pkg = tmp_path / "engines" / "text"
+    pkg.mkdir(parents=True)
+    f = pkg / "bad.py"
+    f.write_text("from ..runtime.synth import SynthesisError\n")
+    names = imported_modules(f.read_text(), module_name(f, tmp_path), False)
+    assert any(is_under(n, "engines.runtime") for n in names)
 
 
 def test_ttsdock_never_imports_engines() -> None:

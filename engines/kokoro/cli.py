@@ -16,6 +16,7 @@ from typing import TypeVar
 from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import CONTEXT_FRAMES, FIRST_FRAMES, MAX_FRAMES, MIN_FRAMES
+from engines.runtime.cli import text_options
 from engines.runtime.synth import SPEED_MAX, SPEED_MIN
 from svc.cli import env_default, float_in, int_in, one_of
 
@@ -94,7 +95,7 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         "--lang",
         choices=LANGS,
         default=env("KOKORO_LANG", one_of(LANGS, "language"), "auto"),
-        help="front-end language; auto uses the reference rule [env KOKORO_LANG]",
+        help="front-end language; auto uses the reference rule per sentence [env KOKORO_LANG]",
     )
     g.add_argument(
         "--g2p",
@@ -214,6 +215,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         min_window=args.min_window,
         max_window=args.max_window,
         name=getattr(args, "name", "kokoro"),
+        text=text_options(args),
     )
 
 

@@ -7,7 +7,11 @@ that ``phrasing`` can cut an utterance into phrases without phonemising again.
 
 Reference behaviour (WIRE.md 8) plus what it lacks:
 
-* language: ``detect_language`` is the reference rule; ``--lang de|en`` forces one;
+* text: the shared telephony front end (``engines.text``: markup filter,
+  normaliser, lexicon) turns a text packet into segments, plain text or IPA from
+  the lexicon, each with the language of its sentence (``detect_language``, the
+  reference rule, per sentence; ``--lang de|en`` forces one); text segments go
+  through espeak in their language, IPA segments straight to the vocabulary;
 * punctuation that espeak's clause API drops is put back per clause
   (``espeak.Clause.mark``), so the model sees ``, . ! ? ; : … —``;
 * clean-up as the reference: newlines, ``(`` ``)`` and trailing blanks go; the
@@ -15,7 +19,8 @@ Reference behaviour (WIRE.md 8) plus what it lacks:
 * vocabulary: greedy longest match, UTF-8 aware (Python strings), with
   ``PHONEME_SUBSTITUTIONS`` for symbols the vocabulary lacks instead of
   dropping them; unknown symbols without a substitute are skipped;
-* an LRU cache of 10,000 utterances keyed by text, language and G2P.
+* an LRU cache of 10,000 utterances keyed by the spoken form (segments) and G2P,
+  so "$5" and "5 dollars" share one entry.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ import structlog
 
 from engines.kokoro.espeak import SENTENCE_MARKS, Clause, Espeak
 from engines.runtime.synth import SynthesisError
+from engines.text import Lang, LangOption, Segment, Spoken, TextFrontEnd, clean_text
+from engines.text.lang import detect_language
 
 log = structlog.get_logger(__name__)
 
-Lang = Literal["de", "en"]
-LangOption = Literal["auto", "de", "en"]
+__all__ = ["Lang", "LangOption", "detect_language", "normalise_text"]
+
 G2POption = Literal["auto", "neural", "espeak"]
 
 ESPEAK_VOICES: dict[str, str] = {"de": "de", "en": "en-us"}
 PHONEME_CACHE_SIZE = 10_000  # WIRE.md 8
 MAX_TEXT_CHARS = 20_000  # one text packet is at most 1 MiB; bound the work per utterance
+MAX_SEGMENT_CHARS = 8 * MAX_TEXT_CHARS  # after normalisation (digits become words)
 
 #: Phonemes that espeak-ng (or a neural G2P) emits but Kokoro's vocabulary lacks,
 #: mapped to the nearest symbol(s) it has. Applied only when the symbol itself is
@@ -77,34 +85,12 @@ PHONEME_SUBSTITUTIONS: dict[str, str] = {
     "ʼ": "",
 }
 
-# Words that only German text contains (English homographs like "die", "an",
-# "so", "will", "also" are left out on purpose).
-GERMAN_WORDS = frozenset(
-    """und ist nicht ich sie wir ihr ein eine einen einem einer der das den dem des
-    mit für auf bitte danke guten tag hallo ja nein wie sind haben habe hat wird
-    werden kann können möchten möchte gerne gern ihnen ihre noch auch oder aber sehr
-    gut heute morgen uhr termin zu zum zur vom im nach bei über wenn dass dann schon
-    mein meine meinen ihren unsere unser wir wieder sich auch nur jetzt hier gibt
-    vielen dank tschüss wiedersehen herr frau natürlich leider genau einen moment
-    welche welcher warum wann woher wohin kein keine keinen""".split()
-)
-_UMLAUTS = frozenset("äöüÄÖÜß")
-_WORD_RE = re.compile(r"[^\W\d_]+", re.UNICODE)
 _LANG_FLAG_RE = re.compile(r"\([a-z]{2,3}(?:-[a-z0-9]{2,8})*\)")
 _SPACES_RE = re.compile(r"\s+")
+_LEADING_MARK_RE = re.compile(r"\s*([,;:.!?…—])\s*")
 
-
-def detect_language(text: str) -> Lang:
-    """The reference rule (WIRE.md 8): German unless the text looks English."""
-    if any(ch in _UMLAUTS for ch in text):
-        return "de"
-    if any(w.lower() in GERMAN_WORDS for w in _WORD_RE.findall(text)):
-        return "de"
-    data = text.encode("utf-8", errors="replace")
-    if not data:
-        return "de"
-    letters = sum(1 for b in data if 65 <= b <= 90 or 97 <= b <= 122)
-    return "de" if letters * 2 < len(data) else "en"
+#: Whitespace and control-character clean-up (one implementation: ``engines.text``).
+normalise_text = clean_text
 
 
 def clean_ipa(ipa: str) -> str:
@@ -112,12 +98,6 @@ def clean_ipa(ipa: str) -> str:
     ipa = _LANG_FLAG_RE.sub("", ipa)
     ipa = ipa.replace("(", "").replace(")", "")
     return _SPACES_RE.sub(" ", ipa).strip()
-
-
-def normalise_text(text: str) -> str:
-    """Collapse whitespace and drop control characters (also the cache key)."""
-    text = "".join(ch if ch.isprintable() or ch in "\n\t" else " " for ch in text)
-    return _SPACES_RE.sub(" ", text).strip()
 
 
 class Vocab:
@@ -263,8 +243,10 @@ class FrontEnd:
         neural: NeuralG2P | None = None,
         espeak_factory: Callable[[], Espeak] = Espeak.shared,
         cache_size: int = PHONEME_CACHE_SIZE,
+        text: TextFrontEnd | None = None,
     ) -> None:
         self.vocab = vocab
+        self.text = text if text is not None else TextFrontEnd(ipa=True, lang=lang)
         self.lang_option = lang
         self.g2p_option = g2p
         self.neural = neural if g2p != "espeak" else None
@@ -272,7 +254,7 @@ class FrontEnd:
             log.warning("g2p_fallen_back", reason="no neural G2P model configured; using espeak")
         self._espeak_factory = espeak_factory
         self._espeak: Espeak | None = None
-        self._cache: OrderedDict[tuple[str, str, str], Phonemes] = OrderedDict()
+        self._cache: OrderedDict[tuple[tuple[Segment, ...], str], Phonemes] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.hits = 0
@@ -288,13 +270,17 @@ class FrontEnd:
         return self._espeak
 
     def language(self, text: str) -> Lang:
-        return detect_language(text) if self.lang_option == "auto" else self.lang_option
+        """The language the text front end chooses for one sentence."""
+        return self.text.language(text)
 
-    def phonemes(self, text: str) -> Phonemes:
-        """Phonemise and tokenize ``text`` (already normalised); cached."""
-        text = text[:MAX_TEXT_CHARS]
-        lang = self.language(text)
-        key = (text, lang, self.g2p_name)
+    def speak(self, text: str) -> Spoken:
+        """The text front end's spoken form of a text packet (bounded input)."""
+        return self.text.speak(text[:MAX_TEXT_CHARS])
+
+    def phonemes(self, text: str | Spoken) -> Phonemes:
+        """Phonemise and tokenize ``text`` (raw, or already spoken by ``speak``); cached."""
+        spoken = self.speak(text) if isinstance(text, str) else text
+        key = (spoken.segments, self.g2p_name)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -302,7 +288,7 @@ class FrontEnd:
                 self.hits += 1
                 return hit
             self.misses += 1
-        result = Phonemes(lang, tuple(self._words(text, lang)), self.g2p_name)
+        result = Phonemes(spoken.lang, tuple(self._words(spoken)), self.g2p_name)
         with self._lock:
             self._cache[key] = result
             while len(self._cache) > self._cache_size:
@@ -325,14 +311,48 @@ class FrontEnd:
                 parts.append(ipa)
         return " ".join(parts)
 
-    def _words(self, text: str, lang: Lang) -> list[Word]:
+    def _words(self, spoken: Spoken) -> list[Word]:
         words: list[Word] = []
-        for clause in self.espeak().clauses(text, ESPEAK_VOICES[lang]):
+        for seg in spoken.segments:
+            if seg.ipa:
+                self._ipa_words(seg.text, words)
+            else:
+                self._text_words(seg.text[:MAX_SEGMENT_CHARS], seg.lang, words)
+        if words and words[-1].brk != Word.SENTENCE:
+            last = words[-1]
+            words[-1] = Word(last.ipa, last.tokens, Word.SENTENCE)
+        return words
+
+    def _ipa_words(self, ipa: str, words: list[Word]) -> None:
+        """IPA from the lexicon: straight to the vocabulary, one word per blank."""
+        for piece in clean_ipa(ipa).split(" "):
+            tokens = self.vocab.encode(piece) if piece else []
+            if tokens:
+                words.append(Word(piece, tuple(tokens), Word.WORD))
+
+    def _text_words(self, text: str, lang: Lang, words: list[Word]) -> None:
+        lead = _LEADING_MARK_RE.match(text)
+        if lead is not None:  # ", welcome" after a lexicon word: espeak drops a leading mark
+            mark = lead.group(1)
+            if words and words[-1].brk == Word.WORD:
+                last = words[-1]
+                brk = Word.SENTENCE if mark in SENTENCE_MARKS else Word.CLAUSE
+                words[-1] = Word(last.ipa + mark, last.tokens + tuple(self.vocab.encode(mark)), brk)
+            text = text[lead.end() :]
+            if not text:
+                return
+        clauses = self.espeak().clauses(text, ESPEAK_VOICES[lang])
+        for i, clause in enumerate(clauses):
             ipa = clean_ipa(self._clause_ipa(clause, lang))
             pieces = [p for p in ipa.split(" ") if p]
             encoded = [(p, self.vocab.encode(p)) for p in pieces]
             encoded = [(p, t) for p, t in encoded if t]
-            brk = Word.SENTENCE if clause.mark in SENTENCE_MARKS else Word.CLAUSE
+            if clause.mark in SENTENCE_MARKS:
+                brk = Word.SENTENCE
+            elif clause.mark or i < len(clauses) - 1:
+                brk = Word.CLAUSE
+            else:  # the segment ends mid-clause (a lexicon segment follows)
+                brk = Word.WORD
             mark_tokens = self.vocab.encode(clause.mark) if clause.mark else []
             if not encoded:
                 # punctuation with nothing spoken ("...", "?!"): give it to the previous word
@@ -344,10 +364,6 @@ class FrontEnd:
                 words.append(Word(p, tuple(t), Word.WORD))
             p, t = encoded[-1]
             words.append(Word(p + clause.mark, tuple(t + mark_tokens), brk))
-        if words and words[-1].brk != Word.SENTENCE:
-            last = words[-1]
-            words[-1] = Word(last.ipa, last.tokens, Word.SENTENCE)
-        return words
 
     def stats(self) -> dict[str, float]:
         return {

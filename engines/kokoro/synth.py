@@ -68,7 +68,6 @@ from engines.kokoro.frontend import (
     Phonemes,
     Vocab,
     Word,
-    normalise_text,
 )
 from engines.kokoro.models import (
     DEFAULT_VOICE,
@@ -104,6 +103,7 @@ from engines.runtime.synth import (
     SynthesisCancelled,
     SynthesisError,
 )
+from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 log = structlog.get_logger(__name__)
 
@@ -147,6 +147,7 @@ class KokoroConfig:
     min_window: int = MIN_FRAMES
     max_window: int = MAX_FRAMES
     name: str = "kokoro"
+    text: TextOptions = field(default_factory=TextOptions)  # --no-normalize, --lexicon
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KokoroConfig:
@@ -250,7 +251,8 @@ class KokoroSynthesizer:
         neural = None
         if cfg.g2p != "espeak" and cfg.g2p_model is not None:
             neural = NeuralG2P(cfg.g2p_model)
-        self._frontend = FrontEnd(vocab, lang=cfg.lang, g2p=cfg.g2p, neural=neural)
+        text = TextFrontEnd(cfg.text, ipa=True, lang=cfg.lang)  # markup, normaliser, lexicon
+        self._frontend = FrontEnd(vocab, lang=cfg.lang, g2p=cfg.g2p, neural=neural, text=text)
         self._frontend.espeak()  # load libespeak-ng now, not in the first call
         if self._backend is None:
             if cfg.backend == "coreml":
@@ -341,7 +343,15 @@ class KokoroSynthesizer:
 
     def phonemize(self, text: str) -> Phonemes:
         """The front end's view of ``text`` (for tests and the benchmark)."""
-        return self.frontend.phonemes(normalise_text(text))
+        return self.frontend.phonemes(text)
+
+    def normalize(self, text: str) -> str:
+        """The spoken form of ``text`` (cmd ``NORMALIZE``): IPA from the lexicon in slashes."""
+        return self.frontend.speak(text).text
+
+    def reload_lexicon(self) -> LexiconReload:
+        """Read ``--lexicon`` again (cmd ``RELOAD_LEXICON``, SIGHUP)."""
+        return self.frontend.text.reload_lexicon()
 
     def style_for(self, voice: VoicePack, n_tokens: int, state: CallState, name: str) -> FloatArray:
         """The style vector of an utterance, blended with the call's previous one."""
@@ -386,14 +396,15 @@ class KokoroSynthesizer:
             raise SynthesisError("engine not loaded (call load() first)")
         name = state.voice or self._default_voice
         voice = pick_voice(self._voices, name)
-        norm = normalise_text(text)
+        spoken = self.frontend.speak(text)  # markup filter, normaliser, lexicon
+        norm = spoken.key  # the prompt cache keys on the spoken form
         if not norm:
             raise SynthesisError("empty text")
         cfg = self.config
         key = (self._model_key, name, round(speed, 3), cfg.lang, self.frontend.g2p_name, norm)
         cache = self._cache if use_cache and self._cache.max_bytes > 0 else None
         cancel.raise_if_cancelled()
-        phon = self.frontend.phonemes(norm)
+        phon = self.frontend.phonemes(spoken)
         if not phon.words:
             raise SynthesisError(f"nothing to speak in {norm[:40]!r}")
         style = self.style_for(voice, phon.n_tokens, state, name)

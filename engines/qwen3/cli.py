@@ -11,6 +11,7 @@ from pathlib import Path
 
 from engines.qwen3.paths import MODES
 from engines.qwen3.synthesizer import MAX_FRAMES_CAP, Qwen3Options, Qwen3Synthesizer
+from engines.runtime.cli import text_options
 from svc.cli import int_in
 
 
@@ -109,6 +110,7 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         seed=args.seed,
         non_streaming=args.non_streaming,
         max_frames=args.max_frames,
+        text=text_options(args),
         **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
         **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
         **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),

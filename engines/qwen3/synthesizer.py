@@ -35,6 +35,7 @@ from engines.runtime.synth import (
     SynthesisError,
     VoiceNotFound,
 )
+from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +83,7 @@ class Qwen3Options:
     non_streaming: bool = False
     sampling: dict[str, float] = field(default_factory=dict)
     warm_up_text: str = "Hello."
+    text: TextOptions = field(default_factory=TextOptions)  # --no-normalize, --lexicon
 
     def model_paths(self) -> ModeModelPaths:
         """Resolve the four model files (explicit paths win over the directory search)."""
@@ -133,6 +135,8 @@ class Qwen3Synthesizer:
         if not 1 <= options.max_frames <= MAX_FRAMES_CAP:
             raise ValueError(f"max_frames must be in 1..{MAX_FRAMES_CAP}, got {options.max_frames}")
         self._engine_loader = engine_loader or _default_engine_loader
+        # markup filter, normaliser, lexicon (respellings only: the tokenizer reads text)
+        self.text = TextFrontEnd(options.text, ipa=False, lang=options.language)
         self.engine: Any = None
         self.vocoder: Vocoder | None = None
         self.paths: ModeModelPaths | None = None
@@ -328,6 +332,7 @@ class Qwen3Synthesizer:
 
     def synthesize(self, text: str, state: CallState, cancel: CancelToken) -> Iterator[FloatArray]:
         self._require_loaded()
+        text = self.text.speak(text).text  # what the tokenizer sees: the spoken form
         if not text.strip():
             return
         cancel.raise_if_cancelled()
@@ -422,6 +427,14 @@ class Qwen3Synthesizer:
 
     def status_suffix(self) -> str:
         return f":MODE:{self.mode}"
+
+    def normalize(self, text: str) -> str:
+        """The spoken form of ``text`` (cmd ``NORMALIZE``)."""
+        return self.text.speak(text).text
+
+    def reload_lexicon(self) -> LexiconReload:
+        """Read ``--lexicon`` again (cmd ``RELOAD_LEXICON``, SIGHUP)."""
+        return self.text.reload_lexicon()
 
     def _require_loaded(self) -> None:
         if self.engine is None or self.vocoder is None:

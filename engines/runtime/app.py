@@ -27,7 +27,7 @@ import structlog
 
 from engines.runtime.calls import CALL_IDLE_S, MAX_CALLS, CallManager, EngineSettings
 from engines.runtime.client import EngineClient
-from engines.runtime.cmdport import CommandHandler
+from engines.runtime.cmdport import CommandHandler, reload_lexicon_reply
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import Synthesizer
 from engines.runtime.threads import in_thread, live_threads
@@ -242,6 +242,19 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
             loop.add_signal_handler(sig, on_signal, sig.name)
         except (NotImplementedError, RuntimeError):
             pass
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:  # SIGHUP: reload the pronunciation lexicon (engines.text)
+        log.info("signal_received", signal="SIGHUP")
+        task = asyncio.ensure_future(_reload_lexicon(synth))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    if hasattr(signal, "SIGHUP"):
+        try:
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
+        except (NotImplementedError, RuntimeError):
+            pass
 
     t0 = time.monotonic()
     log.info("model_loading", engine=config.name)
@@ -265,6 +278,19 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
     sd_notify("READY=1")
     await engine.run()
     return engine.exit_code
+
+
+async def _reload_lexicon(synth: Synthesizer) -> None:
+    """SIGHUP: the same reload as cmd ``RELOAD_LEXICON``; the outcome goes to the log."""
+    try:
+        reply = await reload_lexicon_reply(synth)
+    except Exception as exc:  # e.g. the model is still loading
+        log.warning("lexicon_reload_failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    if reply.startswith("OK"):
+        log.info("lexicon_reloaded", reply=reply)
+    else:
+        log.warning("lexicon_reload_rejected", reply=reply[:512])
 
 
 def _load_and_warm(synth: Synthesizer) -> None:

@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import TypeVar
 
 from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
-from svc.cli import DefaultsFormatter, env_default, float_in, hostport, int_in, level, port
+from engines.text import TextOptions
+from svc.cli import (
+    DefaultsFormatter,
+    env_default,
+    float_in,
+    hostport,
+    int_in,
+    level,
+    one_of,
+    port,
+)
 
 DOCK_PORT_DEFAULT = 13143  # WIRE.md 1
 CMD_PORT_DEFAULT = 13144  # WIRE.md 1
@@ -37,6 +47,18 @@ T = TypeVar("T")
 
 
 _positive = int_in(1, None, "value")
+DATE_ORDERS = ("mdy", "dmy")
+
+
+def _yes_no(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not 1/0, true/false, yes/no or on/off")
+
+
 _positive_float = float_in(1.0, 7 * 86400.0, "seconds")
 
 
@@ -132,7 +154,50 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
         help=f"also send WhisperTalk UDP log lines (default: off; {UDP_LOG_DEFAULT} when "
         "given without a value) [env TTSDOCK_UDP_LOG]",
     )
+    add_text_arguments(p)
     return p
+
+
+def add_text_arguments(p: argparse.ArgumentParser) -> None:
+    """The text front end's flags (``engines.text``), the same for every engine."""
+
+    def env(name: str, convert: Callable[[str], T], fallback: T) -> T:
+        return env_default(p, name, convert, fallback)
+
+    g = p.add_argument_group("text front end (markup filter, normaliser, lexicon)")
+    g.add_argument(
+        "--no-normalize",
+        action="store_true",
+        default=env("TTSDOCK_NO_NORMALIZE", _yes_no, False),
+        help="speak the text as written: no markup filter, no number/date/symbol "
+        "normalisation (a --lexicon still applies) [env TTSDOCK_NO_NORMALIZE]",
+    )
+    g.add_argument(
+        "--lexicon",
+        type=Path,
+        metavar="PATH",
+        default=env("TTSDOCK_LEXICON", Path, None),
+        help="pronunciation lexicon, one 'phrase | lang | replacement [| flags]' a line "
+        "(README 'Text front end'); reloaded on SIGHUP and cmd RELOAD_LEXICON "
+        "(default: none) [env TTSDOCK_LEXICON]",
+    )
+    g.add_argument(
+        "--date-order",
+        choices=DATE_ORDERS,
+        default=env("TTSDOCK_DATE_ORDER", one_of(DATE_ORDERS, "date order"), "mdy"),
+        help="how English 11/24 is read: mdy (US, November 24th) or dmy (UK); German "
+        "dates are always day first [env TTSDOCK_DATE_ORDER]",
+    )
+
+
+def text_options(args: argparse.Namespace) -> TextOptions:
+    """``TextOptions`` from parsed flags (defaults where a parser lacks the text flags)."""
+    order = getattr(args, "date_order", "mdy")
+    return TextOptions(
+        normalize=not getattr(args, "no_normalize", False),
+        lexicon=getattr(args, "lexicon", None),
+        date_order="dmy" if order == "dmy" else "mdy",
+    )
 
 
 def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:

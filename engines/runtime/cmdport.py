@@ -44,6 +44,7 @@ from engines.runtime.synth import (
     Synthesizer,
 )
 from engines.runtime.threads import in_thread
+from engines.text import LexiconReload
 from protocol.cmd import Command, cpp_double, parse_command
 from svc.logs import set_level
 
@@ -63,6 +64,9 @@ ERR_WAV_FORMAT = "ERROR:format SYNTH_WAV:<path>|<text>"
 ERR_WAV_EMPTY = "ERROR:empty path or text"
 ERR_WAV_PATH = "ERROR:invalid path (no traversal or absolute paths)"
 ERR_WAV_WRITE = "ERROR:write failed (disk full?)"
+ERR_NO_TEXT_FRONT_END = "ERROR:0:this engine has no text front end"
+ERR_NORMALIZE_EMPTY = "ERROR:format NORMALIZE:<text>"
+RELOAD_PROBLEMS_MAX = 50  # bad lines listed in one RELOAD_LEXICON reply (all are logged)
 
 
 class DockState(Protocol):
@@ -122,6 +126,8 @@ class CommandHandler:
             "SET_VOICE": self.set_voice,
             "GET_VOICE": self.get_voice,
             "STATS": self.stats_line,
+            "NORMALIZE": self.normalize,
+            "RELOAD_LEXICON": self.reload_lexicon,
         }
 
     async def __call__(self, data: bytes) -> str:
@@ -318,6 +324,21 @@ class CommandHandler:
             voice = await in_thread(lambda: self.synth.default_voice)
         return f"VOICE:{voice}"
 
+    # -- text front end ----------------------------------------------------------------
+
+    async def normalize(self, cmd: Command) -> str:
+        fn = getattr(self.synth, "normalize", None)
+        if not callable(fn):
+            return ERR_NO_TEXT_FRONT_END
+        text = cmd.arg or ""
+        if not text.strip():
+            return ERR_NORMALIZE_EMPTY
+        spoken = await in_thread(fn, text)
+        return str(spoken).replace("\r", " ").replace("\n", " ")
+
+    async def reload_lexicon(self, cmd: Command) -> str:
+        return await reload_lexicon_reply(self.synth)
+
     async def stats_line(self, cmd: Command) -> str:
         st, calls = self.stats, self.calls
         fields = [
@@ -365,6 +386,29 @@ class CommandHandler:
         for k, v in extra.items():
             fields.append(f"synth.{k}={fmt_ms(float(v))}")
         return "STATS:" + ":".join(fields)
+
+
+def reload_reply(res: LexiconReload) -> str:
+    """``OK <entries>``, or ``ERROR:<line>:<reason>`` for every bad line ("; " between)."""
+    if res.ok and res.loaded:
+        return f"OK {res.entries}"
+    shown = [str(p) for p in res.problems[:RELOAD_PROBLEMS_MAX]]
+    more = len(res.problems) - len(shown)
+    tail = f"; ... {more} more" if more > 0 else ""
+    return "ERROR:" + "; ".join(shown) + tail
+
+
+async def reload_lexicon_reply(synth: Synthesizer) -> str:
+    """Reload the engine's lexicon off-loop and render the reply (cmd port and SIGHUP)."""
+    fn = getattr(synth, "reload_lexicon", None)
+    if not callable(fn):
+        return ERR_NO_TEXT_FRONT_END
+    res = await in_thread(fn)
+    if not isinstance(res, LexiconReload):
+        return ERR_NO_TEXT_FRONT_END
+    for p in res.problems:
+        log.warning("lexicon_line_rejected", line=p.line, reason=p.reason)
+    return reload_reply(res)
 
 
 def write_wav(path: Path, samples: FloatArray) -> None:

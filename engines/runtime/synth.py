@@ -22,6 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from engines.text import LexiconReload
+
 SAMPLE_RATE = 24000  # WIRE.md 3: the only rate the dock accepts
 SPEED_MIN = 0.5  # WIRE.md 6: SET_SPEED clamps to [0.5, 2.0]
 SPEED_MAX = 2.0
@@ -161,3 +163,19 @@ class Synthesizer(Protocol):
 
     def close(self) -> None:
         """Release models (called on SHUTDOWN)."""
+
+
+@runtime_checkable
+class TextControl(Protocol):
+    """Optional methods of a ``Synthesizer`` with a text front end (``engines.text``).
+
+    The cmd port reads them with ``getattr``: an engine without them answers
+    ``NORMALIZE`` and ``RELOAD_LEXICON`` with a clear ERROR, and SIGHUP does nothing.
+    Both block (they may read a file) and run in a worker thread.
+    """
+
+    def normalize(self, text: str) -> str:
+        """The spoken form of ``text`` on one line (IPA from the lexicon between slashes)."""
+
+    def reload_lexicon(self) -> LexiconReload:
+        """Read the lexicon file again; with any bad line the old lexicon stays in use."""
