@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -123,7 +124,8 @@ class OnnxBackend:
     that the other inference needs. CUDA is used when ``onnxruntime-gpu``
     offers ``CUDAExecutionProvider`` (``device="auto"``).
     Concurrent calls share the session; ``max_parallel`` runs execute at once
-    (default 1: two runs of 2 threads each on 2 cores only slow both down).
+    (default 0: no gate here; the runtime's inference pool, ``--synth-workers``,
+    bounds the runs of live calls).
     """
 
     name = "onnx"
@@ -135,7 +137,7 @@ class OnnxBackend:
         threads: int = 2,
         device: str = "auto",
         spinning: bool = False,
-        max_parallel: int = 1,
+        max_parallel: int = 0,
         edge_cap: bool = True,
     ) -> None:
         self.model_path = model_path
@@ -145,7 +147,9 @@ class OnnxBackend:
         self.threads = max(1, threads)
         self.device = device
         self.spinning = spinning
-        self._gate = threading.BoundedSemaphore(max(1, max_parallel))
+        self._gate: Any = (
+            threading.BoundedSemaphore(max_parallel) if max_parallel > 0 else nullcontext()
+        )
         self.session: Any = None
         self.providers: list[str] = []
         self._tokens_name = "tokens"

@@ -347,15 +347,32 @@ class CommandHandler:
             f"frames_malformed={st.frames_malformed}",
             f"pings_answered={st.pings_answered}",
             f"queue_depth={sum(w.depth() for w in calls.calls.values())}",
+            f"underruns={st.underruns}",
+            f"underrun_ms={fmt_ms(st.underrun_ms)}",
         ]
+        pool = calls.pool
+        if pool is not None:
+            queued, parked, busy, open_jobs = pool.snapshot()
+            fields += [
+                f"synth_workers={pool.workers}",
+                f"sched_queued={queued}",
+                f"sched_parked={parked}",
+                f"sched_busy={busy}",
+                f"sched_open={open_jobs}",
+            ]
+        else:
+            fields.append("synth_workers=self_scheduled")
         fields += render_latency("ttfa", st.ttfa)
         fields += render_latency("queue_wait", st.queue_wait)
+        fields += render_latency("sched_wait", st.sched_wait)
         fields += render_latency("bargein_mute", st.bargein_mute)
         fields += render_latency("bargein_stop", st.bargein_stop)
         for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
             fields.append(
                 f"call.{w.call_id}={w.phase.value},queued={w.depth()},"
-                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins}"
+                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins},"
+                f"ttfa_ms={fmt_ms(w.last_ttfa_ms)},underruns={w.underruns},"
+                f"underrun_ms={fmt_ms(w.underrun_ms)},ahead_ms={fmt_ms(w.ahead_s() * 1000)}"
             )
         try:
             extra = await in_thread(self.synth.stats)

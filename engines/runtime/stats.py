@@ -57,6 +57,9 @@ class RuntimeStats:
         self.bargein_mute = LatencyWindow()  # SPEECH_ACTIVE read -> call's audio gated
         self.bargein_stop = LatencyWindow()  # SPEECH_ACTIVE read -> synthesis thread ended
         self.queue_wait = LatencyWindow()  # text received -> synthesis started
+        self.sched_wait = LatencyWindow()  # a unit of work ready -> a pool worker took it
+        self.underruns = 0  # packets sent after the listener had run dry (playback.py)
+        self.underrun_ms = 0.0  # total length of those gaps
 
 
 def fmt_ms(x: float) -> str:
