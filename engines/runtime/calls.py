@@ -558,7 +558,9 @@ class CallManager:
         st.utterances += 1
         w.utterances += 1
         self.stats.utterances_started += 1
-        meter = PlaybackMeter(not_before=w.play_until)
+        # the listener still plays the call's previous utterance (text came meanwhile)
+        playing = w.play_until > utt.t_rx_ns / 1e9
+        meter = PlaybackMeter(not_before=w.play_until if playing else 0.0)
         utt.meter = meter
         st.playback = meter
         log.debug("utterance_started", call_id=w.call_id, chars=len(utt.text))

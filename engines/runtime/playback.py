@@ -8,11 +8,14 @@ view, which asks the clock it was built with.
 
 The model. The listener starts the utterance when its first packet is sent, or when
 the call's previous utterance has played out if that is later (``not_before``), and
-plays at exactly real time. A packet sent at ``now`` is late when the listener has
-already played everything sent before it (``now > start + sent_s``): the gap
-``now - (start + sent_s)`` is an underrun (counted when over ``UNDERRUN_MIN_S``), and
-the listener's clock shifts by the gap (it resumes with that packet). So
-``start + sent_s`` is always the time the listener runs dry of what it has.
+plays at exactly real time. When the listener was still playing the call's previous
+utterance (``not_before`` > 0) and the first packet comes after that ran out, the
+wait is an underrun too (a gap between two sentences of one answer). A packet sent
+at ``now`` is late when the listener has already played everything sent before it
+(``now > start + sent_s``): the gap ``now - (start + sent_s)`` is an underrun
+(counted when over ``UNDERRUN_MIN_S``), and the listener's clock shifts by the gap
+(it resumes with that packet). So ``start + sent_s`` is always the time the listener
+runs dry of what it has.
 
 Thread-safety: ``produced`` may be called from a synthesis thread, ``sent`` from
 the event loop, ``ahead_s`` from anywhere; one lock guards the few floats.
@@ -48,7 +51,8 @@ class PlaybackMeter:
         self, clock: Callable[[], float] = time.monotonic, not_before: float = 0.0
     ) -> None:
         self.clock = clock
-        self.not_before = not_before  # the call's previous utterance plays until then
+        #: the call's previous utterance plays until then (0.0: the listener is idle)
+        self.not_before = not_before
         self.start: float | None = None  # listener's start (shifted by every gap)
         self.produced_s = 0.0  # audio handed over by the synthesiser
         self.sent_s = 0.0  # audio written to the socket
@@ -72,18 +76,16 @@ class PlaybackMeter:
         """
         dur = samples / SAMPLE_RATE
         with self._lock:
-            gap = 0.0
             if self.start is None:
                 self.start = max(now, self.not_before)
+                gap = now - self.not_before if self.not_before > 0 else 0.0
             else:
                 gap = now - (self.start + self.sent_s)
                 if gap > 0:
                     self.start += gap
-                    if gap > UNDERRUN_MIN_S:
-                        self.underruns += 1
-                        self.underrun_s += gap
-                else:
-                    gap = 0.0
+            if gap > UNDERRUN_MIN_S:
+                self.underruns += 1
+                self.underrun_s += gap
             self.sent_s += dur
             if self.produced_s < self.sent_s:
                 self.produced_s = self.sent_s
