@@ -192,10 +192,18 @@ async def test_underruns_are_counted_and_logged(dock: FakeDock) -> None:
             s.text(5, "a b c d")
             await wait_for(lambda: eng.stats.utterances_completed == 1)
             stats = await cmd(eng.cmd_port, "STATS")
+            metrics = await cmd(eng.cmd_port, "METRICS")
     assert eng.stats.underruns == 3  # every phrase after the first came late
     assert 3 * 0.1 <= eng.stats.underrun_ms / 1000 <= 3 * 0.25 + 1.0
     assert ":underruns=3:" in stats
     assert "call.5=idle" in stats and ",underruns=3," in stats and ",ttfa_ms=" in stats
+    prom = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line and line[0] != "#")
+    assert prom["ttsdock_engine_underruns_total"] == "3"
+    assert float(prom["ttsdock_engine_underrun_seconds_total"]) >= 0.3
+    assert prom["ttsdock_engine_ttfa_seconds_count"] == "1"
+    assert prom["ttsdock_engine_synth_workers"] == "1"
+    assert "ttsdock_engine_sched_wait_seconds_sum" in prom
+    assert 'ttsdock_engine_call_ahead_seconds{call_id="5"}' in prom
     done = [e for e in logs if e["event"] == "utterance_completed"]
     assert len(done) == 1 and done[0]["log_level"] == "info"
     d = done[0]

@@ -209,7 +209,7 @@ class Utterance:
     packets: int = 0
     meter: PlaybackMeter | None = None
     ttfa_ms: float | None = None
-    ahead_min_s: float = float("inf")  # queued-ahead audio right after each later packet
+    ahead_min_s: float = float("inf")  # queued-ahead audio when a later unit arrived
     ahead_max_s: float = 0.0
     steps: int = 0
     compute_s: float = 0.0
@@ -602,8 +602,8 @@ class CallManager:
             while True:
                 step = await steps.get()
                 self._account(utt, job, step)
-                for pcm in step.packets:
-                    self._send(w, utt, pcm)
+                for i, pcm in enumerate(step.packets):
+                    self._send(w, utt, pcm, unit_start=i == 0)
                 if step.finished:
                     end = _End(job.framer.samples_out, job.framer.truncated, step.error)
                     break
@@ -669,8 +669,11 @@ class CallManager:
                 utt.token.cancel()
         return end
 
-    def _send(self, w: CallWorker, utt: Utterance, pcm: bytes) -> None:
-        """Write one packet of the utterance now, unless its call was barged in or ended."""
+    def _send(self, w: CallWorker, utt: Utterance, pcm: bytes, unit_start: bool = True) -> None:
+        """Write one packet of the utterance now, unless its call was barged in or ended.
+
+        ``unit_start``: the packet begins a unit of work; the audio still queued ahead of
+        the listener then is the utterance's queued-ahead audio (``ahead_min/max``)."""
         # Barge-in gate: nothing may run between this check and the write.
         if utt.token.cancelled or w.closed:
             self.stats.packets_suppressed += 1
@@ -691,7 +694,7 @@ class CallManager:
                 w.underruns += 1
                 w.underrun_ms += gap * 1000
             w.play_until = meter.sent_until()
-            if utt.packets:
+            if utt.packets and unit_start:
                 ahead = w.play_until - now - samples / SAMPLE_RATE  # before this packet
                 utt.ahead_min_s = min(utt.ahead_min_s, ahead)
                 utt.ahead_max_s = max(utt.ahead_max_s, ahead)
