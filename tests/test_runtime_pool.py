@@ -46,6 +46,8 @@ class StepSynth(ToneSynth):
         self.max_in_step = 0
         self.step_threads: set[str] = set()
         self.aheads: list[float | None] = []
+        self.gated = threading.Event()  # a "!gate" step is holding its worker
+        self.gate_open = threading.Event()
 
     def synthesize(self, text: str, state: CallState, cancel: CancelToken) -> Iterator[FloatArray]:
         try:
@@ -64,6 +66,9 @@ class StepSynth(ToneSynth):
                 self.aheads.append(None if pb is None else pb.ahead_s())
             try:
                 cancel.raise_if_cancelled()
+                if word == "!gate":
+                    self.gated.set()
+                    self.gate_open.wait(10)
                 self._work(self.delay)
             finally:
                 with self._lock:
@@ -149,6 +154,29 @@ async def test_bargein_and_call_end_remove_queued_work(dock: FakeDock, event: st
         assert synth.phrases <= phrases + 1  # no more units were computed for it
         queued, parked, _busy, open_jobs = eng.calls.pool.snapshot()
         assert (queued, parked, open_jobs) == (0, 0, 0)
+
+
+async def test_bargein_ends_the_utterance_at_once_even_while_the_pool_is_busy(
+    dock: FakeDock,
+) -> None:
+    synth = StepSynth(phrase_ms=500, delay=0.0)
+    async with running(synth, dock, synth_workers=1) as eng:
+        s = await dock.session()
+        s.text(1, "w " * 20)
+        await s.wait_audio(1)
+        s.text(2, "!gate w")  # holds the only worker until the test opens the gate
+        await asyncio.to_thread(synth.gated.wait, 10)
+        s.send(SpeechActive(1))
+        s.text(1, "fresh answer")
+        # the cancelled utterance ends on the loop at once, so the call's next text is
+        # queued in the scheduler although no worker is free (the old generator is closed
+        # first thing once one is, ahead of every unit)
+        w = eng.calls.calls[1]
+        await wait_for(lambda: w.current is not None and w.current.text == "fresh answer")
+        synth.gate_open.set()
+        await s.wait_audio(1, len(s.audio(1)) + 2)
+        await wait_for(lambda: synth.finished == 3)
+        assert eng.stats.utterances_cancelled == 1
 
 
 class BarrierSynth(ToneSynth):

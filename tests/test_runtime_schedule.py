@@ -41,6 +41,9 @@ def test_parked_item_waits_for_its_ready_time_and_urgent_new_work_overtakes() ->
     q.push(far, deadline=8.0, now=0.0, ready_at=5.0)  # 3 s of audio queued beyond the cap
     assert q.pop(1.0) is None and q.parked(1.0) == 1
     assert q.next_ready_at(1.0) == 5.0
+    got = q.pop(1.0, parked_too=True)  # shutting down: everything gets closed
+    assert got is not None and got[0] is far and got[1] == 0.0
+    q.push(far, deadline=8.0, now=0.0, ready_at=5.0)
     q.push(new, deadline=9.0, now=2.0)  # due later, but ready now
     got = q.pop(2.5)
     assert got is not None and got[0] is new and got[1] == pytest.approx(0.5)

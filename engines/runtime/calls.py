@@ -578,11 +578,15 @@ class CallManager:
         self, w: CallWorker, utt: Utterance, meter: PlaybackMeter, pool: SynthesisPool
     ) -> _End:
         """One utterance through the inference scheduler: send each unit's packets, then
-        queue its next unit by deadline."""
-        loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[Step] = asyncio.Queue()
+        queue its next unit by deadline.
 
-        def deliver(step: Step) -> None:  # in a pool worker
+        A cancelled utterance (barge-in, CALL_END, dock lost) ends here at once; the pool
+        closes its generator first thing (it is queued ahead of everything, so before the
+        call's next utterance starts its first unit)."""
+        loop = asyncio.get_running_loop()
+        steps: asyncio.Queue[Step | None] = asyncio.Queue()  # None: the token fired
+
+        def deliver(step: Step | None) -> None:  # in a pool worker (or the canceller)
             try:
                 loop.call_soon_threadsafe(steps.put_nowait, step)
             except RuntimeError:  # loop closed: the process is exiting
@@ -597,10 +601,16 @@ class CallManager:
         )
         t_rx = utt.t_rx_ns / 1e9
         pool.submit(job, max(t_rx, w.play_until - self.first_unit.value))
+        utt.token.on_cancel(lambda: deliver(None))
         end: _End | None = None
+        cancelled = False
         try:
             while True:
                 step = await steps.get()
+                if step is None:
+                    cancelled = True
+                    end = _End(job.framer.samples_out, job.framer.truncated, None)
+                    break
                 self._account(utt, job, step)
                 for i, pcm in enumerate(step.packets):
                     self._send(w, utt, pcm, unit_start=i == 0)
@@ -615,7 +625,7 @@ class CallManager:
                 )
                 pool.requeue(job, deadline, ready_at)
         finally:
-            if end is None:  # this task was cancelled: the pool closes the generator
+            if end is None or cancelled:  # the pool closes the generator
                 pool.release(job)
         return end
 

@@ -157,7 +157,7 @@ class SynthesisPool:
         with self._cond:
             while True:
                 now = self.clock()
-                got = self._queue.pop(math.inf if self._stopping else now)
+                got = self._queue.pop(now, parked_too=self._stopping)
                 if got is None and self._stopping:
                     held = [j for j in self._open if j.state is JobState.OUT]
                     if not held:

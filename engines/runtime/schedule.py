@@ -69,13 +69,13 @@ class DeadlineQueue(Generic[T]):
     def remove(self, item: T) -> bool:
         return self._items.pop(id(item), None) is not None
 
-    def pop(self, now: float) -> tuple[T, float] | None:
-        """The ready item with the earliest deadline and how long it waited since it was
-        queued or became ready (s); ``None`` when no item is ready."""
+    def pop(self, now: float, *, parked_too: bool = False) -> tuple[T, float] | None:
+        """The ready item (any item with ``parked_too``) with the earliest deadline and how
+        long it waited since it was queued or became ready (s); ``None`` when none is."""
         best: tuple[T, _Entry] | None = None
         for pair in self._items.values():
             e = pair[1]
-            if e.ready_at > now:
+            if e.ready_at > now and not parked_too:
                 continue
             if best is None or (e.deadline, e.seq) < (best[1].deadline, best[1].seq):
                 best = pair
