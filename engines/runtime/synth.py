@@ -153,7 +153,9 @@ class Synthesizer(Protocol):
     engine that schedules across calls itself (batching; its generator blocks waiting
     for frames) sets the optional class attribute ``self_scheduled = True`` (read with
     ``getattr(synth, "self_scheduled", False)``): the runtime then gives each utterance
-    a dedicated thread instead of the pool.
+    a dedicated thread instead of the pool. After a barge-in the runtime may start the
+    call's next utterance while a worker is still closing the cancelled generator (its
+    ``finally`` blocks run on ``close()``); those must not change ``CallState``.
     """
 
     #: HELLO name, ``[A-Za-z0-9_-]{1,32}`` (WIRE.md 3).
