@@ -62,6 +62,7 @@ class CallAudio:
     last_at: float | None = None
     chunks: list[bytes] = field(default_factory=list)
     samples: int = 0
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, samples)
 
 
 class FakeOap:
@@ -102,6 +103,7 @@ class FakeOap:
                     call.last_at = now
                     call.chunks.append(pkt.payload[12:])
                     call.samples += (len(pkt.payload) - 12) // 4
+                    call.arrivals.append((now, (len(pkt.payload) - 12) // 4))
         writer.close()
 
 

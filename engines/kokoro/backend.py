@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -161,7 +162,9 @@ class OnnxBackend:
     shared with other calls and processes, spinning threads steal the CPU
     that the other inference needs. CUDA is used when ``onnxruntime-gpu``
     offers ``CUDAExecutionProvider`` (``device="auto"``).
-    Concurrent calls share the sessions; ``max_parallel`` runs execute at once.
+    Concurrent calls share the sessions; ``max_parallel`` runs execute at once
+    (default 0: no gate here; the runtime's inference pool, ``--synth-workers``,
+    bounds the runs of live calls).
     """
 
     name = "onnx"
@@ -173,7 +176,7 @@ class OnnxBackend:
         threads: int = 2,
         device: str = "auto",
         spinning: bool = False,
-        max_parallel: int = 1,
+        max_parallel: int = 0,
         edge_cap: bool = True,
         split: bool = True,
     ) -> None:
@@ -186,7 +189,9 @@ class OnnxBackend:
         self.threads = max(1, threads)
         self.device = device
         self.spinning = spinning
-        self._gate = threading.BoundedSemaphore(max(1, max_parallel))
+        self._gate: Any = (
+            threading.BoundedSemaphore(max_parallel) if max_parallel > 0 else nullcontext()
+        )
         self.session: Any = None
         self.prosody_session: Any = None
         self.decoder_session: Any = None

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import structlog
 
-from engines.runtime.calls import CALL_IDLE_S, MAX_CALLS, CallManager, EngineSettings
+from engines.runtime.calls import (
+    CALL_IDLE_S,
+    MAX_CALLS,
+    SYNTH_WORKERS,
+    CallManager,
+    EngineSettings,
+)
 from engines.runtime.client import EngineClient
 from engines.runtime.cmdport import CommandHandler, reload_lexicon_reply
 from engines.runtime.stats import RuntimeStats
@@ -65,8 +71,11 @@ class EngineConfig:
     voice: str | None = None
     call_idle_s: float = CALL_IDLE_S  # a call without events this long is forgotten
     max_calls: int = MAX_CALLS  # live calls kept (least recently active idle one evicted)
+    synth_workers: int = SYNTH_WORKERS  # inference pool threads (not self-scheduled engines)
 
     def __post_init__(self) -> None:
+        if self.synth_workers < 1:
+            raise ValueError(f"synth_workers must be >= 1, got {self.synth_workers}")
         if self.max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
         if not self.call_idle_s > 0:
@@ -96,6 +105,7 @@ class Engine:
             config.max_concurrent,
             idle_s=config.call_idle_s,
             max_calls=config.max_calls,
+            synth_workers=config.synth_workers,
         )
         self.commands = CommandHandler(
             synth, self.settings, self.calls, self.client, self.stats, config.out_dir

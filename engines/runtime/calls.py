@@ -3,8 +3,22 @@
 Rule 1: everything a call id owns lives here: its ``CallState``, its text
 queue, its lifecycle phase (a small transition table, below) and the one
 utterance it is speaking. All of it is touched only on the event loop; the
-synthesis itself runs in a thread per utterance that hands packets to the
-loop through a bounded ``ChunkChannel``.
+synthesis itself runs off the loop: by default in the engine's inference
+scheduler (``pool.SynthesisPool``: ``--synth-workers`` threads, one deadline
+queue, one ``next()`` of an utterance's generator per unit of work), or, for a
+synthesiser that sets ``self_scheduled``, in a thread per utterance that hands
+packets to the loop through a bounded ``ChunkChannel``.
+
+Deadlines (``schedule``). An utterance's first unit is due when its text was
+received (or, if the call is still playing its previous utterance, when that
+runs dry minus the engine's estimate of a first unit), so it goes ahead of
+later units of calls that still have audio queued. After each unit the
+utterance is re-queued, due when its listener runs dry (``playback``: first
+packet + audio produced, shifted by underruns) minus its estimated next unit
+(EMA of its own units, seeded with the engine's), and parked while more than
+``max_ahead_s`` of its audio is queued ahead of playback. The runtime pulls the
+next unit only after it has sent the last one (and the dock socket has drained),
+so a call whose queue is full stops pulling from synthesis.
 Rule 2: this file does not know the wire: audio leaves through an
 ``AudioSink`` (the dock client), and events arrive as method calls.
 
@@ -30,8 +44,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import os
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -42,14 +54,20 @@ from typing import Protocol
 import structlog
 
 from engines.runtime.audio import UtteranceFramer
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS, StepEstimate, deadline_for
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
+    SAMPLE_RATE,
     CallState,
     CancelToken,
     SynthesisCancelled,
     SynthesisError,
     Synthesizer,
 )
+from engines.runtime.threads import lower_thread_priority
+from svc.lru import EndedCalls
 
 log = structlog.get_logger(__name__)
 
@@ -57,35 +75,8 @@ CHANNEL_PACKETS = 32  # packets (<= 200 ms each) a synthesis thread may run ahea
 MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
 ENDED_MEMORY = 1000  # WIRE.md 2: remember at least the last 1000 ended call ids
 SLOT_POLL = 0.1  # seconds: a blocked producer re-checks its cancel token this often
-SYNTH_NICE = 0  # opt-in: synthesis threads may run this much below the loop thread (Linux)
 CALL_IDLE_S = 600.0  # a call silent (no text, no speech event) this long is evicted
 MAX_CALLS = 4096  # live calls kept; beyond, the least recently active idle call is evicted
-
-
-def lower_thread_priority(nice: int | None = None) -> None:
-    """Run the calling synthesis thread ``nice`` steps below the event-loop thread.
-
-    On Linux ``setpriority(PRIO_PROCESS, tid)`` applies to one thread. Off by
-    default (``TTSDOCK_SYNTH_NICE``, default 0): a niced synthesis thread that
-    holds the GIL while other processes load the host is descheduled with the
-    GIL in hand, and the event loop then waits behind it (priority inversion;
-    measured: dock keepalive timeouts under two CPU-burning neighbours with nice
-    5, none with 0). Only worth enabling when the model library releases the
-    GIL for nearly all of its work and the host is otherwise idle.
-    Threads the model library starts itself (onnxruntime/torch pools) are not
-    affected. A no-op elsewhere (on macOS it would renice the whole process).
-    """
-    if nice is None:
-        try:
-            nice = int(os.environ.get("TTSDOCK_SYNTH_NICE", SYNTH_NICE))
-        except ValueError:
-            nice = SYNTH_NICE
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (OSError, AttributeError):
-        pass
 
 
 class CallPhase(enum.Enum):
@@ -217,6 +208,13 @@ class Utterance:
     token: CancelToken = field(default_factory=CancelToken)
     t_bargein_ns: int | None = None
     packets: int = 0
+    meter: PlaybackMeter | None = None
+    ttfa_ms: float | None = None
+    ahead_min_s: float = float("inf")  # queued-ahead audio when a later unit arrived
+    ahead_max_s: float = 0.0
+    steps: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0  # time its units waited in the scheduler while ready
 
 
 class CallWorker:
@@ -234,6 +232,10 @@ class CallWorker:
         self.packets = 0
         self.bargeins = 0
         self.last_active = 0.0  # clock time of the call's last event (or end of speech)
+        self.play_until = 0.0  # monotonic time its listener runs dry of the audio sent
+        self.last_ttfa_ms = 0.0
+        self.underruns = 0
+        self.underrun_ms = 0.0
 
     @property
     def call_id(self) -> int:
@@ -255,6 +257,7 @@ class CallWorker:
         """Clear the queue and cancel the utterance in progress; ``True`` if anything was cut."""
         cut = bool(self.queue)
         self.queue.clear()
+        self.play_until = 0.0  # what was queued at the listener is flushed
         cur = self.current
         if cur is not None and not cur.token.cancelled:
             cur.token.cancel()
@@ -264,6 +267,13 @@ class CallWorker:
 
     def depth(self) -> int:
         return len(self.queue) + (1 if self.current is not None else 0)
+
+    def ahead_s(self) -> float:
+        """Audio of the utterance in progress queued ahead of its listener (0 if none)."""
+        cur = self.current
+        if cur is None or cur.meter is None or not cur.meter.started:
+            return 0.0
+        return cur.meter.ahead_s()
 
     @property
     def idle(self) -> bool:
@@ -285,9 +295,15 @@ class CallManager:
         idle_s: float = CALL_IDLE_S,
         max_calls: int = MAX_CALLS,
         clock: Callable[[], float] = time.monotonic,
+        synth_workers: int = SYNTH_WORKERS,
+        max_ahead_s: float = MAX_AHEAD_S,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
+        if synth_workers < 1:
+            raise ValueError(f"synth_workers must be >= 1, got {synth_workers}")
+        if not max_ahead_s > 0:
+            raise ValueError(f"max_ahead_s must be > 0, got {max_ahead_s}")
         if not idle_s > 0:
             raise ValueError(f"call idle time must be > 0 s, got {idle_s}")
         if max_calls < 1:
@@ -303,13 +319,20 @@ class CallManager:
         #: live calls, least recently active first (``_touch`` moves a call to the end)
         self.calls: OrderedDict[int, CallWorker] = OrderedDict()
         self.calls_evicted: dict[str, int] = {"idle": 0, "cap": 0}
-        self._ended: OrderedDict[int, None] = OrderedDict()
+        self._ended = EndedCalls(ENDED_MEMORY)
         self._sem = asyncio.Semaphore(max_concurrent)
         self.waiting = 0  # utterances waiting for a synthesis slot
         self.running = 0  # utterances holding a slot
         self._tasks: set[asyncio.Task[None]] = set()
-        self.threads: set[threading.Thread] = set()
+        self.threads: set[threading.Thread] = set()  # self-scheduled utterance threads
         self.closing = False
+        self.self_scheduled = bool(getattr(synth, "self_scheduled", False))
+        self.synth_workers = synth_workers
+        self.max_ahead_s = max_ahead_s
+        #: the inference scheduler; None for a self-scheduled synthesiser
+        self.pool = None if self.self_scheduled else SynthesisPool(synth_workers)
+        self.first_unit = StepEstimate()  # engine-wide compute of an utterance's first unit
+        self.later_unit = StepEstimate()  # ... and of its later units
 
     # -- events from the dock (all synchronous, on the loop) -------------------------------
 
@@ -325,7 +348,7 @@ class CallManager:
         w = self.calls.get(call_id)
         if w is None:
             if call_id in self._ended:
-                del self._ended[call_id]
+                self._ended.discard(call_id)
                 log.info("call_reopened", call_id=call_id)
             w = self._open(call_id)
         self._touch(w)
@@ -361,10 +384,7 @@ class CallManager:
 
     def on_call_end(self, call_id: int) -> None:
         w = self.calls.pop(call_id, None)
-        self._ended[call_id] = None
-        self._ended.move_to_end(call_id)
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+        self._ended.add(call_id)
         if w is None:
             return
         w.apply(CallInput.CALL_END)
@@ -478,9 +498,13 @@ class CallManager:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=0.1)
+        if self.pool is not None:
+            self.pool.stop()  # the workers close what is left, then exit
 
     def live_threads(self) -> int:
-        return sum(1 for t in list(self.threads) if t.is_alive())
+        """Synthesis threads still alive (pool workers or self-scheduled threads)."""
+        pool = 0 if self.pool is None else self.pool.live_threads()
+        return pool + sum(1 for t in list(self.threads) if t.is_alive())
 
     # -- the worker ------------------------------------------------------------------------
 
@@ -532,17 +556,112 @@ class CallManager:
         st.utterances += 1
         w.utterances += 1
         self.stats.utterances_started += 1
+        # the listener still plays the call's previous utterance (text came meanwhile)
+        playing = w.play_until > utt.t_rx_ns / 1e9
+        meter = PlaybackMeter(not_before=w.play_until if playing else 0.0)
+        utt.meter = meter
+        st.playback = meter
+        log.debug("utterance_started", call_id=w.call_id, chars=len(utt.text))
+        try:
+            if self.pool is None:
+                end = await self._run_thread(w, utt, meter)
+            else:
+                end = await self._run_pooled(w, utt, meter, self.pool)
+        finally:
+            if st.playback is meter:
+                st.playback = None
+        self._finished(w, utt, end)
+
+    async def _run_pooled(
+        self, w: CallWorker, utt: Utterance, meter: PlaybackMeter, pool: SynthesisPool
+    ) -> _End:
+        """One utterance through the inference scheduler: send each unit's packets, then
+        queue its next unit by deadline.
+
+        A cancelled utterance (barge-in, CALL_END, dock lost) ends here at once; the pool
+        closes its generator first thing (it is queued ahead of everything, so before the
+        call's next utterance starts its first unit)."""
+        loop = asyncio.get_running_loop()
+        steps: asyncio.Queue[Step | None] = asyncio.Queue()  # None: the token fired
+
+        def deliver(step: Step | None) -> None:  # in a pool worker (or the canceller)
+            try:
+                loop.call_soon_threadsafe(steps.put_nowait, step)
+            except RuntimeError:  # loop closed: the process is exiting
+                pass
+
+        st = w.state
+        job = Job(
+            start=lambda: self.synth.synthesize(utt.text, st, utt.token),
+            token=utt.token,
+            deliver=deliver,
+            meter=meter,
+        )
+        t_rx = utt.t_rx_ns / 1e9
+        pool.submit(job, max(t_rx, w.play_until - self.first_unit.value))
+        utt.token.on_cancel(lambda: deliver(None))
+        end: _End | None = None
+        cancelled = False
+        try:
+            while True:
+                step = await steps.get()
+                if step is None:
+                    cancelled = True
+                    end = _End(job.framer.samples_out, job.framer.truncated, None)
+                    break
+                self._account(utt, job, step)
+                for i, pcm in enumerate(step.packets):
+                    self._send(w, utt, pcm, unit_start=i == 0)
+                if step.finished:
+                    end = _End(job.framer.samples_out, job.framer.truncated, step.error)
+                    break
+                if self.sink.write_paused:
+                    await self.sink.drain()
+                now = time.monotonic()
+                deadline, ready_at = deadline_for(
+                    meter.dry_at(now), self._next_unit_s(job, step), self.max_ahead_s
+                )
+                pool.requeue(job, deadline, ready_at)
+        finally:
+            if end is None or cancelled:  # the pool closes the generator
+                pool.release(job)
+        return end
+
+    def _account(self, utt: Utterance, job: Job, step: Step) -> None:
+        if step.compute_s <= 0 and not step.packets:
+            return  # a close, not a unit of work
+        utt.compute_s += step.compute_s
+        utt.wait_s += step.wait_s
+        self.stats.sched_wait.add(step.wait_s * 1000)
+        if not step.packets:
+            return  # the generator's end: not a unit whose time predicts the next one
+        utt.steps += 1
+        if utt.steps == 1:
+            self.first_unit.add(step.compute_s)
+        else:
+            self.later_unit.add(step.compute_s)
+            job.estimate.add(step.compute_s)
+
+    def _next_unit_s(self, job: Job, step: Step) -> float:
+        """Expected compute of the job's next unit: its own EMA, else the engine's."""
+        if job.estimate.n:
+            return job.estimate.value
+        if self.later_unit.n:
+            return self.later_unit.value
+        return step.compute_s
+
+    async def _run_thread(self, w: CallWorker, utt: Utterance, meter: PlaybackMeter) -> _End:
+        """One utterance in its own thread (a self-scheduled synthesiser)."""
         chan = ChunkChannel(asyncio.get_running_loop())
         ctx = contextvars.copy_context()
         th = threading.Thread(
             target=ctx.run,
-            args=(self._produce, st, utt.text, utt.token, chan),
+            args=(self._produce, w.state, utt.text, utt.token, chan, meter),
             name=f"synth-{w.call_id}",
             daemon=True,
         )
         self.threads.add(th)
         th.start()
-        log.debug("utterance_started", call_id=w.call_id, chars=len(utt.text))
         end: _End | None = None
         try:
             while True:
@@ -550,26 +669,51 @@ class CallManager:
                 if isinstance(item, _End):
                     end = item
                     break
-                # Barge-in gate: nothing may run between this check and the write.
-                if utt.token.cancelled or w.closed:
-                    self.stats.packets_suppressed += 1
-                    continue
-                if not self.sink.send_audio(w.call_id, item):
-                    self.stats.packets_unsent += 1
-                    utt.token.cancel()
-                    continue
-                if utt.packets == 0:
-                    self.stats.ttfa.add((time.monotonic_ns() - utt.t_rx_ns) / 1e6)
-                utt.packets += 1
-                w.packets += 1
-                self.stats.packets_sent += 1
-                self.stats.samples_sent += (len(item)) // 4
+                self._send(w, utt, item)
                 if self.sink.write_paused:
                     await self.sink.drain()
         finally:
             if end is None:  # cancelled while waiting: the thread finishes on its own
                 utt.token.cancel()
-        self._finished(w, utt, end)
+        return end
+
+    def _send(self, w: CallWorker, utt: Utterance, pcm: bytes, unit_start: bool = True) -> None:
+        """Write one packet of the utterance now, unless its call was barged in or ended.
+
+        ``unit_start``: the packet begins a unit of work; the audio still queued ahead of
+        the listener then is the utterance's queued-ahead audio (``ahead_min/max``)."""
+        # Barge-in gate: nothing may run between this check and the write.
+        if utt.token.cancelled or w.closed:
+            self.stats.packets_suppressed += 1
+            return
+        if not self.sink.send_audio(w.call_id, pcm):
+            self.stats.packets_unsent += 1
+            utt.token.cancel()
+            return
+        now_ns = time.monotonic_ns()
+        now = now_ns / 1e9
+        samples = len(pcm) // 4
+        meter = utt.meter
+        if meter is not None:
+            gap = meter.sent(samples, now)
+            if gap > 0:
+                self.stats.underruns += 1
+                self.stats.underrun_ms += gap * 1000
+                w.underruns += 1
+                w.underrun_ms += gap * 1000
+            w.play_until = meter.sent_until()
+            if utt.packets and unit_start:
+                ahead = w.play_until - now - samples / SAMPLE_RATE  # before this packet
+                utt.ahead_min_s = min(utt.ahead_min_s, ahead)
+                utt.ahead_max_s = max(utt.ahead_max_s, ahead)
+        if utt.packets == 0:
+            utt.ttfa_ms = (now_ns - utt.t_rx_ns) / 1e6
+            w.last_ttfa_ms = utt.ttfa_ms
+            self.stats.ttfa.add(utt.ttfa_ms)
+        utt.packets += 1
+        w.packets += 1
+        self.stats.packets_sent += 1
+        self.stats.samples_sent += samples
 
     def _finished(self, w: CallWorker, utt: Utterance, end: _End) -> None:
         if utt.t_bargein_ns is not None:
@@ -599,12 +743,35 @@ class CallManager:
             log.debug("utterance_cancelled", call_id=w.call_id, packets=utt.packets)
         else:
             self.stats.utterances_completed += 1
-            log.debug(
-                "utterance_completed", call_id=w.call_id, packets=utt.packets, samples=end.samples
+            meter = utt.meter
+            log.info(
+                "utterance_completed",
+                call_id=w.call_id,
+                packets=utt.packets,
+                samples=end.samples,
+                audio_s=round(end.samples / SAMPLE_RATE, 3),
+                ttfa_ms=None if utt.ttfa_ms is None else round(utt.ttfa_ms, 1),
+                underruns=0 if meter is None else meter.underruns,
+                underrun_ms=0.0 if meter is None else round(meter.underrun_s * 1000, 1),
+                ahead_min_ms=round(utt.ahead_min_s * 1000, 1)
+                if utt.ahead_min_s != float("inf")
+                else None,
+                ahead_max_ms=round(utt.ahead_max_s * 1000, 1),
+                units=utt.steps,
+                compute_ms=round(utt.compute_s * 1000, 1),
+                sched_wait_ms=round(utt.wait_s * 1000, 1),
             )
 
-    def _produce(self, state: CallState, text: str, token: CancelToken, chan: ChunkChannel) -> None:
-        """Synthesis thread: run the blocking generator, frame, hand packets to the loop."""
+    def _produce(
+        self,
+        state: CallState,
+        text: str,
+        token: CancelToken,
+        chan: ChunkChannel,
+        meter: PlaybackMeter,
+    ) -> None:
+        """Self-scheduled synthesis thread: run the blocking generator, frame, hand packets
+        to the loop."""
         lower_thread_priority()
         framer = UtteranceFramer()
         error: BaseException | None = None
@@ -615,6 +782,7 @@ class CallManager:
                 if token.cancelled:
                     break
                 for pcm in framer.process(chunk):
+                    meter.produced(len(pcm) // 4)
                     if not chan.put(pcm, token):
                         break
                 if token.cancelled or framer.truncated:

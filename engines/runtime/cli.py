@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from engines.runtime.schedule import SYNTH_WORKERS
 from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
 from engines.text import TextOptions
 from svc.cli import (
@@ -122,8 +123,16 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
         "--max-concurrent",
         type=_positive,
         default=env("TTSDOCK_MAX_CONCURRENT", _positive, MAX_CONCURRENT_DEFAULT),
-        help="syntheses running at once over all calls; the rest wait in order "
+        help="utterances in progress at once over all calls; the rest wait in order "
         "[env TTSDOCK_MAX_CONCURRENT]",
+    )
+    g.add_argument(
+        "--synth-workers",
+        type=_positive,
+        default=env("TTSDOCK_SYNTH_WORKERS", _positive, SYNTH_WORKERS),
+        help="inference threads; each advances the most urgent utterance by one unit of "
+        "work (engines that schedule themselves, like qwen3, ignore it) "
+        "[env TTSDOCK_SYNTH_WORKERS]",
     )
     g.add_argument(
         "--call-idle-s",
@@ -224,6 +233,7 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
             cmd_host=args.cmd_host,
             cmd_port=int(args.cmd_port),
             max_concurrent=int(args.max_concurrent),
+            synth_workers=int(getattr(args, "synth_workers", SYNTH_WORKERS)),
             call_idle_s=float(args.call_idle_s),
             max_calls=int(args.max_calls),
             out_dir=Path(args.out_dir),

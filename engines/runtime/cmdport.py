@@ -2,7 +2,8 @@
 
 Rule 1: the command table and every reply format live here, byte-exact with
 the reference (numbers like C++ ``std::to_string``, ms as integers); the
-extensions VOICES, SET_VOICE, GET_VOICE and STATS follow the same style.
+extensions VOICES, SET_VOICE, GET_VOICE and STATS follow the same style, and
+METRICS answers Prometheus text (multi-line, like the dock's).
 Rule 2: this file does not own sockets (``svc.net.start_cmd_server`` does)
 and never blocks the loop: syntheses and file writes run in threads.
 Rule 3: the offline syntheses (TEST_SYNTH, BENCHMARK, SYNTH_WAV) run one at a
@@ -34,7 +35,7 @@ import structlog
 
 from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_pcm16
 from engines.runtime.calls import CallManager, EngineSettings
-from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
+from engines.runtime.stats import RuntimeStats, fmt_ms, prometheus_summary, render_latency
 from engines.runtime.synth import (
     SAMPLE_RATE,
     SPEED_MAX,
@@ -128,6 +129,7 @@ class CommandHandler:
             "STATS": self.stats_line,
             "NORMALIZE": self.normalize,
             "RELOAD_LEXICON": self.reload_lexicon,
+            "METRICS": self.metrics,
         }
 
     async def __call__(self, data: bytes) -> str:
@@ -368,15 +370,32 @@ class CommandHandler:
             f"frames_malformed={st.frames_malformed}",
             f"pings_answered={st.pings_answered}",
             f"queue_depth={sum(w.depth() for w in calls.calls.values())}",
+            f"underruns={st.underruns}",
+            f"underrun_ms={fmt_ms(st.underrun_ms)}",
         ]
+        pool = calls.pool
+        if pool is not None:
+            queued, parked, busy, open_jobs = pool.snapshot()
+            fields += [
+                f"synth_workers={pool.workers}",
+                f"sched_queued={queued}",
+                f"sched_parked={parked}",
+                f"sched_busy={busy}",
+                f"sched_open={open_jobs}",
+            ]
+        else:
+            fields.append("synth_workers=self_scheduled")
         fields += render_latency("ttfa", st.ttfa)
         fields += render_latency("queue_wait", st.queue_wait)
+        fields += render_latency("sched_wait", st.sched_wait)
         fields += render_latency("bargein_mute", st.bargein_mute)
         fields += render_latency("bargein_stop", st.bargein_stop)
         for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
             fields.append(
                 f"call.{w.call_id}={w.phase.value},queued={w.depth()},"
-                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins}"
+                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins},"
+                f"ttfa_ms={fmt_ms(w.last_ttfa_ms)},underruns={w.underruns},"
+                f"underrun_ms={fmt_ms(w.underrun_ms)},ahead_ms={fmt_ms(w.ahead_s() * 1000)}"
             )
         try:
             extra = await in_thread(self.synth.stats)
@@ -386,6 +405,66 @@ class CommandHandler:
         for k, v in extra.items():
             fields.append(f"synth.{k}={fmt_ms(float(v))}")
         return "STATS:" + ":".join(fields)
+
+    async def metrics(self, cmd: Command) -> str:
+        """Prometheus text exposition (multi-line, ends with a newline)."""
+        st, calls = self.stats, self.calls
+        p = "ttsdock_engine_"
+        lines: list[str] = []
+        for name in METRIC_COUNTERS:
+            lines += [f"# TYPE {p}{name}_total counter", f"{p}{name}_total {getattr(st, name)}"]
+        lines += [
+            f"# TYPE {p}underrun_seconds_total counter",
+            f"{p}underrun_seconds_total {st.underrun_ms / 1000:.6f}",
+            f"# TYPE {p}audio_seconds_sent_total counter",
+            f"{p}audio_seconds_sent_total {st.samples_sent / SAMPLE_RATE:.6f}",
+        ]
+        for name, window in (
+            ("ttfa_seconds", st.ttfa),
+            ("queue_wait_seconds", st.queue_wait),
+            ("sched_wait_seconds", st.sched_wait),
+            ("bargein_mute_seconds", st.bargein_mute),
+        ):
+            lines += prometheus_summary(p + name, window)
+        gauges: dict[str, float] = {
+            "calls_active": len(calls.calls),
+            "utterances_in_progress": calls.running,
+            "utterances_waiting": calls.waiting,
+        }
+        if calls.pool is not None:
+            queued, parked, busy, open_jobs = calls.pool.snapshot()
+            gauges |= {
+                "sched_open": open_jobs,
+                "synth_workers": calls.pool.workers,
+                "sched_queued": queued,
+                "sched_parked": parked,
+                "sched_busy": busy,
+            }
+        for name, value in gauges.items():
+            lines += [f"# TYPE {p}{name} gauge", f"{p}{name} {value:g}"]
+        lines.append(f"# TYPE {p}call_ahead_seconds gauge")
+        for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
+            lines.append(f'{p}call_ahead_seconds{{call_id="{w.call_id}"}} {w.ahead_s():.3f}')
+        return "\n".join(lines) + "\n"
+
+
+#: RuntimeStats counters exported by METRICS as ``ttsdock_engine_<name>_total``.
+METRIC_COUNTERS = (
+    "calls_started",
+    "calls_ended",
+    "texts_received",
+    "texts_dropped",
+    "utterances_started",
+    "utterances_completed",
+    "utterances_cancelled",
+    "utterances_failed",
+    "utterances_truncated",
+    "packets_sent",
+    "packets_suppressed",
+    "packets_unsent",
+    "bargeins",
+    "underruns",
+)
 
 
 def reload_reply(res: LexiconReload) -> str:

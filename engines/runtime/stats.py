@@ -16,15 +16,17 @@ WINDOW = 1000  # latency samples kept per metric (the most recent ones)
 class LatencyWindow:
     """The last ``WINDOW`` samples of one latency, in milliseconds."""
 
-    __slots__ = ("count", "values")
+    __slots__ = ("count", "total_ms", "values")
 
     def __init__(self, size: int = WINDOW) -> None:
         self.values: deque[float] = deque(maxlen=size)
         self.count = 0
+        self.total_ms = 0.0  # of every sample ever added (METRICS ``_sum``)
 
     def add(self, ms: float) -> None:
         self.values.append(ms)
         self.count += 1
+        self.total_ms += ms
 
     def p(self, q: float) -> float:
         return float(percentile(self.values, q))
@@ -57,10 +59,23 @@ class RuntimeStats:
         self.bargein_mute = LatencyWindow()  # SPEECH_ACTIVE read -> call's audio gated
         self.bargein_stop = LatencyWindow()  # SPEECH_ACTIVE read -> synthesis thread ended
         self.queue_wait = LatencyWindow()  # text received -> synthesis started
+        self.sched_wait = LatencyWindow()  # a unit of work ready -> a pool worker took it
+        self.underruns = 0  # packets sent after the listener had run dry (playback.py)
+        self.underrun_ms = 0.0  # total length of those gaps
 
 
 def fmt_ms(x: float) -> str:
     return f"{x:.3f}"
+
+
+def prometheus_summary(name: str, w: LatencyWindow) -> list[str]:
+    """A Prometheus summary in seconds: quantiles of the recent window, cumulative
+    ``_sum``/``_count``."""
+    out = [f"# TYPE {name} summary"]
+    for q in (50, 90, 99):
+        out.append(f'{name}{{quantile="{q / 100:g}"}} {w.p(q) / 1000:.6f}')
+    out += [f"{name}_sum {w.total_ms / 1000:.6f}", f"{name}_count {w.count}"]
+    return out
 
 
 def render_latency(name: str, w: LatencyWindow) -> list[str]:

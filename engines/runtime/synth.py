@@ -108,6 +108,20 @@ def _noop() -> None:
     pass
 
 
+@runtime_checkable
+class PlaybackClock(Protocol):
+    """How far an utterance's audio is ahead of the listener (``CallState.playback``)."""
+
+    def ahead_s(self) -> float:
+        """Seconds of this utterance's audio produced but not yet played by a real-time
+        listener that started at the first packet; negative = underrun; thread-safe.
+
+        The listener starts the utterance at its first packet, or when the call's
+        previous utterance has played out if that is later; a packet that arrives after
+        the listener ran dry shifts the listener's clock by the gap (an underrun).
+        """
+
+
 @dataclass
 class CallState:
     """Per-call state the runtime keeps and hands to every synthesis of that call.
@@ -116,6 +130,9 @@ class CallState:
     call starts an utterance. ``prosody`` belongs to the synthesiser: it may
     store whatever it needs to carry intonation across the sentences of one
     call (WIRE.md 7, prosody carry-over); the runtime drops it on CALL_END.
+    ``playback`` is set by the runtime for the utterance in progress (``None``
+    between utterances and in offline cmd-port syntheses): a synthesiser may read
+    ``playback.ahead_s()`` to size its next unit of work.
     """
 
     call_id: int
@@ -123,11 +140,25 @@ class CallState:
     speed: float = 1.0
     prosody: dict[str, Any] = field(default_factory=dict)
     utterances: int = 0
+    playback: PlaybackClock | None = None
 
 
 @runtime_checkable
 class Synthesizer(Protocol):
-    """What every engine implements. All methods block; the runtime calls them off-loop."""
+    """What every engine implements. All methods block; the runtime calls them off-loop.
+
+    Scheduling. By default the runtime drives ``synthesize`` generators from a fixed
+    pool of worker threads (``--synth-workers``) fed by one queue ordered by deadline:
+    each ``next()`` is one unit of inference work (Kokoro: one prosody pass and the
+    first window, then one window), so a generator should do about one model run per
+    ``next()`` and must not block waiting for anything but its own computation. An
+    engine that schedules across calls itself (batching; its generator blocks waiting
+    for frames) sets the optional class attribute ``self_scheduled = True`` (read with
+    ``getattr(synth, "self_scheduled", False)``): the runtime then gives each utterance
+    a dedicated thread instead of the pool. After a barge-in the runtime may start the
+    call's next utterance while a worker is still closing the cancelled generator (its
+    ``finally`` blocks run on ``close()``); those must not change ``CallState``.
+    """
 
     #: HELLO name, ``[A-Za-z0-9_-]{1,32}`` (WIRE.md 3).
     name: str

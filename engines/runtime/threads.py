@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -18,7 +20,35 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 T = TypeVar("T")
 
+SYNTH_NICE = 0  # opt-in: synthesis threads may run this much below the loop thread (Linux)
+
 _live: set[threading.Thread] = set()
+
+
+def lower_thread_priority(nice: int | None = None) -> None:
+    """Run the calling synthesis thread ``nice`` steps below the event-loop thread.
+
+    On Linux ``setpriority(PRIO_PROCESS, tid)`` applies to one thread. Off by
+    default (``TTSDOCK_SYNTH_NICE``, default 0): a niced synthesis thread that
+    holds the GIL while other processes load the host is descheduled with the
+    GIL in hand, and the event loop then waits behind it (priority inversion;
+    measured: dock keepalive timeouts under two CPU-burning neighbours with nice
+    5, none with 0). Only worth enabling when the model library releases the
+    GIL for nearly all of its work and the host is otherwise idle.
+    Threads the model library starts itself (onnxruntime/torch pools) are not
+    affected. A no-op elsewhere (on macOS it would renice the whole process).
+    """
+    if nice is None:
+        try:
+            nice = int(os.environ.get("TTSDOCK_SYNTH_NICE", SYNTH_NICE))
+        except ValueError:
+            nice = SYNTH_NICE
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):
+        pass
 
 
 def live_threads() -> int:

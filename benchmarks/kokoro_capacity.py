@@ -1,0 +1,503 @@
+"""How many concurrent conversations one Kokoro engine serves in real time, through the dock.
+
+``ttsdock serve`` and ``ttsdock kokoro`` run as real processes on free loopback ports
+(scripts/demo.py's helpers). This process plays LLaMA and OAP. For each N (default
+1, 2, 3, 4, 6) it runs N concurrent calls for ``--seconds`` (default 20; every turn
+begun by then is finished), each a conversation:
+
+* a turn is two distinct telephony sentences sent 0.4 s apart;
+* the caller answers 1.5-3 s (uniform) after the turn's audio has played out;
+* texts are never repeated (templates x names x dates x products, shuffled), so the
+  prompt cache cannot answer (its hit count is printed to prove it);
+* one zero-buffer player per call (``engines.runtime.playback.PlaybackMeter``, the
+  runtime's own playback arithmetic): playback starts at a turn's first packet; a
+  packet that arrives after everything before it has played out is a gap; a turn
+  "has a gap" when one of its gaps is over 50 ms.
+
+Printed per N: TTFA p50/p95 over the turns (first sentence sent -> its first audio
+packet at OAP; the second sentence of a turn plays after the first, so its lateness
+is a gap, not a TTFA; sentence boundaries in the audio stream come from the
+engine's ``utterance_completed`` log lines), the share of turns with a gap, the
+engine's own underrun count (STATS). Then the capacity (largest N, with all smaller
+ones, with TTFA p95 <= 500 ms and <= 5 % of turns with a gap) and the physical
+limit: the audio seconds the engine makes per wall second (measured in the same
+run: 6 calls with long texts at once, so that the engine never waits for a call)
+divided by the audio seconds per second the pattern asks of one call (measured in
+the N = 1 run: audio / turn cycle).
+
+    python benchmarks/kokoro_capacity.py [--calls 1,2,3,4,6] [--seconds 20]
+        [--threads 2] [--synth-workers 1] [--models-dir DIR]
+
+Quote numbers from a run under ``flock -x /tmp/ttsdock-cpu.lock`` with the load
+average it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (ROOT, ROOT / "scripts"):
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
+
+from demo import (  # noqa: E402
+    PORT_NAMES,
+    CallAudio,
+    FakeOap,
+    ctl,
+    free_port,
+    start_processes,
+    stop_processes,
+    wait_for,
+)
+from kokoro_ttfa import parse_stats  # noqa: E402
+
+from engines.kokoro.models import default_models_dir  # noqa: E402
+from engines.runtime.playback import PlaybackMeter  # noqa: E402
+from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
+
+SAMPLE_RATE = 24000
+VOICE = "jf_alpha"
+SENTENCE_GAP_S = 0.4  # the second sentence of a turn follows the first this much later
+ANSWER_S = (1.5, 3.0)  # the caller answers this long after the audio has played out
+GAP_S = 0.05  # a turn "has a gap" when one is longer than this
+TTFA_TARGET_MS = 500.0
+GAP_SHARE_TARGET = 0.05
+TURN_LIMIT_S = 90.0  # a turn that takes longer than this is a failure
+SATURATE_CALLS = 6
+SATURATE_S = 20.0
+SATURATE_TEXTS = 8  # per call: more audio than the engine makes in SATURATE_S
+
+# -- distinct telephony sentences ------------------------------------------------------
+
+NAMES = [
+    "Anna", "Peter", "Maria", "Thomas", "Julia", "Michael", "Laura", "David", "Sophie",
+    "Daniel", "Emma", "Lukas", "Hannah", "Jonas", "Clara", "Felix", "Lena", "Paul",
+    "Sarah", "Martin", "Nina", "Oliver", "Eva", "Simon",
+]  # fmt: skip
+SURNAMES = [
+    "Miller", "Schmidt", "Fischer", "Weber", "Becker", "Wagner", "Hoffmann", "Koch",
+    "Richter", "Klein", "Wolf", "Neumann", "Brown", "Taylor", "Walker", "Wright",
+]  # fmt: skip
+DAYS = [
+    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+    "the third of May", "the twelfth of June", "the first of July", "next Monday",
+    "the twentieth of August", "next Thursday",
+]  # fmt: skip
+HOURS = ["nine", "ten", "eleven", "twelve", "two", "three", "four", "five"]
+PRODUCTS = [
+    "washing machine", "new router", "office chair", "winter tyres", "coffee maker",
+    "phone contract", "garden table", "printer cartridges", "replacement battery",
+    "kitchen scale", "reading lamp", "bicycle helmet", "travel insurance", "smart meter",
+]  # fmt: skip
+DEPARTMENTS = ["billing", "technical support", "returns", "sales", "delivery", "accounts"]
+NUMBERS = ["four two seven", "one one nine", "eight three five", "six zero two", "nine one four"]
+TEMPLATES = [
+    "{name}, your {product} will arrive on {day} between {hour} and {hour2}.",
+    "I have moved your appointment with Doctor {surname} to {day} at {hour}.",
+    "Thank you, {name}, I have noted your new address on {surname} Street.",
+    "Your order ending in {number} for the {product} was shipped on {day}.",
+    "The {product} you asked about is back in stock from {day} onwards.",
+    "I am sorry, {name}, the {department} team is busy until {hour} today.",
+    "Would {day} at {hour} suit you for the engineer to visit, {name}?",
+    "Your refund for the {product} was approved on {day}, {name}.",
+    "Please hold a moment while I check the {department} schedule for {day}.",
+    "{name}, I can offer you a discount on your next {product} order.",
+    "The driver will call you about thirty minutes before arriving on {day}.",
+    "Mister {surname}, the {department} team will call you back at {hour}.",
+    "I can see two open invoices for the {product} on your account, {name}.",
+    "Could you spell your last name for me, please, {name}?",
+]
+
+
+def sentence_bank(seed: int) -> list[str]:
+    """Many distinct sentences (8-14 words), shuffled; each is used at most once."""
+    rng = random.Random(seed)
+    out: set[str] = set()
+    for t, name, surname, day, hour, product, dept, number in itertools.product(
+        TEMPLATES, NAMES[:8], SURNAMES[:4], DAYS[:6], HOURS[:3], PRODUCTS[:6], DEPARTMENTS[:3],
+        NUMBERS[:2],
+    ):  # fmt: skip
+        if len(out) > 60000:
+            break
+        out.add(
+            t.format(
+                name=name, surname=surname, day=day, hour=hour, hour2=HOURS[-1],
+                product=product, department=dept, number=number,
+            )
+        )  # fmt: skip
+    bank = sorted(out)
+    rng.shuffle(bank)
+    # spread the templates (the product above varies the last fields fastest)
+    return bank
+
+
+class Sentences:
+    def __init__(self, seed: int) -> None:
+        self._it = iter(sentence_bank(seed))
+        self.used = 0
+
+    def next(self) -> str:
+        self.used += 1
+        return next(self._it)
+
+
+# -- one conversation ------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    sent: list[float]  # send time of each sentence
+    first_packet: int  # index into the call's arrivals where the turn's audio starts
+    played_out: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    next_at: float = 0.0  # when the caller's answer (the next turn) starts
+
+
+@dataclass
+class Conversation:
+    call_id: int
+    turns: list[Turn] = field(default_factory=list)
+    failed: str = ""
+
+
+class Engine:
+    """The engine's STATS, polled by one task and shared by the conversations."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stats: dict[str, float] = {}
+        self.calls: dict[int, tuple[str, int, int]] = {}  # id -> (phase, queued, utterances)
+
+    async def poll(self) -> None:
+        line = await ctl(self.port, "STATS")
+        self.stats = parse_stats(line)
+        calls: dict[int, tuple[str, int, int]] = {}
+        for fld in line.split(":")[1:]:
+            key, _, value = fld.partition("=")
+            if key.startswith("call."):
+                parts = value.split(",")
+                kv = dict(p.partition("=")[::2] for p in parts[1:])
+                calls[int(key[5:])] = (parts[0], int(kv["queued"]), int(kv["utterances"]))
+        self.calls = calls
+
+    async def poll_forever(self) -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                await self.poll()
+            await asyncio.sleep(0.1)
+
+    def drained(self, call_id: int, utterances: int) -> bool:
+        phase, queued, started = self.calls.get(call_id, ("", 1, 0))
+        return phase in ("idle", "") and queued == 0 and started >= utterances
+
+
+async def converse(
+    conv: Conversation,
+    oap: FakeOap,
+    engine: Engine,
+    data_w: asyncio.StreamWriter,
+    texts: Sentences,
+    until: float,
+    rng: random.Random,
+) -> None:
+    audio = oap.calls.setdefault(conv.call_id, CallAudio())
+    sent_total = 0
+    now = time.monotonic()
+    while now < until:
+        turn = Turn([], len(audio.arrivals))
+        conv.turns.append(turn)
+        for i in range(2):
+            if i:
+                await asyncio.sleep(SENTENCE_GAP_S)
+            turn.sent.append(time.monotonic())
+            data_w.write(encode_frame(encode_packet(Packet(conv.call_id, texts.next().encode()))))
+            await data_w.drain()
+            sent_total += 1
+        deadline = time.monotonic() + TURN_LIMIT_S
+
+        async def done(n: int = sent_total, first: int = turn.first_packet) -> bool:
+            return engine.drained(conv.call_id, n) and len(audio.arrivals) > first
+
+        try:
+            await wait_for(done, deadline - time.monotonic(), f"turn of call {conv.call_id}")
+        except TimeoutError as exc:
+            conv.failed = str(exc)
+            return
+        await asyncio.sleep(0.15)  # the last packets are through the dock by now
+        player = PlaybackMeter()
+        for t, samples in audio.arrivals[turn.first_packet :]:
+            gap = player.sent(samples, t)
+            if gap > 0:
+                turn.gaps.append(gap)
+        turn.played_out = player.sent_until()
+        turn.next_at = turn.played_out + rng.uniform(*ANSWER_S)
+        await asyncio.sleep(max(0.0, turn.next_at - time.monotonic()))
+        now = time.monotonic()
+
+
+def utterance_samples(log_path: Path, call_ids: set[int]) -> dict[int, list[int]]:
+    """Per call, the sample count of each completed utterance, in order (engine log)."""
+    out: dict[int, list[int]] = {c: [] for c in call_ids}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if '"utterance_completed"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                cid = int(rec.get("call_id", -1))
+                if cid in out:
+                    out[cid].append(int(rec["samples"]))
+    return out
+
+
+@dataclass
+class Result:
+    n: int
+    ttfa_ms: list[float]
+    turns: int
+    turns_gap: int
+    max_gap_ms: float
+    underruns: float
+    failed: int
+    audio_s: float
+    cycle_s: float
+
+
+def pctl(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
+
+
+async def run_n(
+    n: int,
+    args: argparse.Namespace,
+    base_id: int,
+    oap: FakeOap,
+    engine: Engine,
+    ports: dict[str, int],
+    texts: Sentences,
+    log_path: Path,
+) -> Result:
+    _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
+    _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
+    await engine.poll()
+    under0 = engine.stats.get("underruns", 0.0)
+    rng = random.Random(args.seed + n)
+    convs = [Conversation(base_id + i) for i in range(n)]
+    until = time.monotonic() + args.seconds
+    starts = []
+    for c in convs:  # calls start staggered over the first second
+        starts.append(asyncio.create_task(_later(rng.uniform(0, 1.0), c, oap, engine, data_w,
+                                                 texts, until, rng)))  # fmt: skip
+    await asyncio.gather(*starts)
+    await engine.poll()
+    underruns = engine.stats.get("underruns", 0.0) - under0
+    for c in convs:
+        mgmt_w.write(encode_frame(encode_mgmt(CallEnd(c.call_id))))
+    await mgmt_w.drain()
+    for w in (mgmt_w, data_w):
+        w.close()
+    samples = utterance_samples(log_path, {c.call_id for c in convs})
+    ttfa: list[float] = []
+    turns = turns_gap = failed = 0
+    max_gap = 0.0
+    audio_s = cycle_s = 0.0
+    for c in convs:
+        failed += bool(c.failed)
+        arrivals = oap.calls.get(c.call_id, CallAudio()).arrivals
+        starts_at: dict[int, float] = {}  # sample offset -> arrival of the packet there
+        off = 0
+        for t, s in arrivals:
+            starts_at.setdefault(off, t)
+            off += s
+        sends = [t for turn in c.turns for t in turn.sent]
+        off = 0
+        for k, s in enumerate(samples[c.call_id]):
+            # the caller waits for a turn's first sentence; the second one follows the
+            # first's audio, and when it is late that is a gap (counted below)
+            if k % 2 == 0 and k < len(sends) and off in starts_at:
+                ttfa.append((starts_at[off] - sends[k]) * 1000)
+            off += s
+        for turn in c.turns:
+            if not turn.played_out:
+                continue
+            turns += 1
+            turns_gap += any(g > GAP_S for g in turn.gaps)
+            max_gap = max([max_gap, *turn.gaps])
+            cycle_s += turn.next_at - turn.sent[0]
+        audio_s += sum(samples[c.call_id]) / SAMPLE_RATE
+    return Result(n, ttfa, turns, turns_gap, max_gap * 1000, underruns, failed, audio_s, cycle_s)
+
+
+async def _later(delay: float, *a: object) -> None:
+    await asyncio.sleep(delay)
+    await converse(*a)  # type: ignore[arg-type]
+
+
+async def saturate(
+    base_id: int, oap: FakeOap, engine: Engine, ports: dict[str, int], texts: Sentences
+) -> float:
+    """Audio seconds per wall second with more work queued than the engine can do."""
+    _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
+    _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
+    ids = [base_id + i for i in range(SATURATE_CALLS)]
+    for cid in ids:
+        for _ in range(SATURATE_TEXTS):
+            data_w.write(encode_frame(encode_packet(Packet(cid, texts.next().encode()))))
+    await data_w.drain()
+    await asyncio.sleep(2.0)  # past the first units
+    await engine.poll()
+    a0, t0 = engine.stats.get("audio_s_sent", 0.0), time.monotonic()
+    await asyncio.sleep(SATURATE_S)
+    await engine.poll()
+    a1, t1 = engine.stats.get("audio_s_sent", 0.0), time.monotonic()
+    for cid in ids:
+        mgmt_w.write(encode_frame(encode_mgmt(CallEnd(cid))))
+    await mgmt_w.drain()
+    for w in (mgmt_w, data_w):
+        w.close()
+    await asyncio.sleep(1.0)
+    return (a1 - a0) / (t1 - t0)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    ports = {name: free_port() for name in PORT_NAMES}
+    oap = FakeOap()
+    servers = [
+        await asyncio.start_server(oap.on_mgmt, "127.0.0.1", ports["oap_mgmt"]),
+        await asyncio.start_server(oap.on_data, "127.0.0.1", ports["oap_data"]),
+    ]
+    log_dir = Path(args.log_dir)
+    mdir = args.models_dir or default_models_dir()
+    engine_args = [
+        "--models-dir", str(mdir),
+        "--voice", VOICE,
+        "--threads", str(args.threads),
+        "--synth-workers", str(args.synth_workers),
+        "--max-concurrent", str(max(8, max(args.calls))),
+    ]  # fmt: skip
+    procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
+    poller: asyncio.Task[None] | None = None
+    try:
+
+        async def docked() -> bool:
+            for p, name in zip(procs, ("dock", "kokoro"), strict=True):
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with status {p.returncode}; see its log")
+            return (await ctl(ports["cmd"], "STATUS")).startswith("ACTIVE")
+
+        t_start = time.monotonic()
+        await wait_for(docked, 180, "the Kokoro engine to dock")
+        await asyncio.wait_for(oap.data_connected.wait(), 10)
+        print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
+        engine = Engine(ports["engine_cmd"])
+        poller = asyncio.create_task(engine.poll_forever())
+        texts = Sentences(args.seed)
+        results: list[Result] = []
+        for k, n in enumerate(args.calls):
+            r = await run_n(n, args, 1000 * (k + 1), oap, engine, ports, texts,
+                            log_dir / "kokoro.log")  # fmt: skip
+            results.append(r)
+            print(
+                f"N={n}: {len(r.ttfa_ms)} turns timed, TTFA p50 {pctl(r.ttfa_ms, 50):.0f} ms "
+                f"p95 {pctl(r.ttfa_ms, 95):.0f} ms; turns {r.turns}, with a gap > 50 ms "
+                f"{r.turns_gap} ({r.turns_gap / max(r.turns, 1):.0%}), max gap "
+                f"{r.max_gap_ms:.0f} ms; engine underruns {r.underruns:.0f}"
+                + (f"; {r.failed} calls FAILED" if r.failed else ""),
+                flush=True,
+            )
+            await asyncio.sleep(1.0)
+        rate = await saturate(1000 * (len(args.calls) + 1), oap, engine, ports, texts)
+        await engine.poll()
+        hits = engine.stats.get("synth.prompt_cache_hits", float("nan"))
+        report(args, results, rate, hits)
+        return 0
+    finally:
+        if poller is not None:
+            poller.cancel()
+        await asyncio.to_thread(stop_processes, procs)
+        for s in servers:
+            s.close()
+
+
+def report(args: argparse.Namespace, results: list[Result], rate: float, hits: float) -> None:
+    print()
+    print(
+        f"threads {args.threads}, synth-workers {args.synth_workers}, {args.seconds:.0f} s "
+        f"per N; prompt cache hits {hits:.0f}"
+    )
+    print(f"{'N':>3} {'timed':>5} {'ttfa_p50':>9} {'ttfa_p95':>9} {'turns':>6} {'gap%':>6} "
+          f"{'maxgap':>7} {'underruns':>9}  ok")  # fmt: skip
+    capacity = 0
+    chain = True
+    for r in results:
+        share = r.turns_gap / max(r.turns, 1)
+        ok = (
+            not r.failed
+            and r.turns > 0
+            and pctl(r.ttfa_ms, 95) <= TTFA_TARGET_MS
+            and share <= GAP_SHARE_TARGET
+        )
+        chain = chain and ok
+        if chain:
+            capacity = r.n
+        print(
+            f"{r.n:3d} {len(r.ttfa_ms):5d} {pctl(r.ttfa_ms, 50):9.0f} {pctl(r.ttfa_ms, 95):9.0f} "
+            f"{r.turns:6d} {share:6.0%} {r.max_gap_ms:7.0f} {r.underruns:9.0f}  "
+            f"{'yes' if ok else 'no'}"
+        )
+    one = next((r for r in results if r.n == 1 and r.cycle_s > 0), None)
+    demand = one.audio_s / one.cycle_s if one is not None else float("nan")
+    print()
+    print(
+        f"capacity: {capacity} concurrent calls (TTFA p95 <= {TTFA_TARGET_MS:.0f} ms and <= "
+        f"{GAP_SHARE_TARGET:.0%} of turns with a gap > {GAP_S * 1000:.0f} ms, for N and every "
+        "smaller N)"
+    )
+    print(
+        f"physical limit: {rate:.2f} audio s per wall s (engine saturated) / {demand:.2f} audio s "
+        f"per s asked by one call (N=1 run) = {rate / demand:.2f} calls"
+    )
+    print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--calls", default="1,2,3,4,6", help="comma-separated N to run")
+    p.add_argument("--seconds", type=float, default=20.0, help="conversation time per N")
+    p.add_argument("--threads", type=int, default=2, help="Kokoro --threads (intra-op)")
+    p.add_argument("--synth-workers", type=int, default=1, help="engine --synth-workers")
+    p.add_argument("--models-dir", type=Path, default=None)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")
+    args = p.parse_args(argv)
+    try:
+        args.calls = [int(x) for x in args.calls.split(",") if x.strip()]
+    except ValueError:
+        p.error("--calls takes comma-separated integers")
+    if not args.calls or min(args.calls) < 1:
+        p.error("--calls needs N >= 1")
+    print(f"load average at start {os.getloadavg()[0]:.2f}")
+    try:
+        return asyncio.run(main_async(args))
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"capacity run failed: {exc} (logs in {args.log_dir})", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

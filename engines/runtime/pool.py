@@ -1,0 +1,237 @@
+"""The engine's inference scheduler: a fixed pool of synthesis threads, one deadline queue.
+
+Rule 1: everything that decides *which thread advances which generator when* lives
+here. A ``Job`` is one utterance's ``synthesize`` generator. A worker takes the
+most urgent ready job (``schedule.DeadlineQueue``), calls ``next()`` on it once,
+frames the chunk into packets and hands them to ``Job.deliver`` (the event loop's
+side); the loop sends them and re-queues the job with its new deadline
+(``requeue``). A job is always in exactly one state (table below), and only a
+RUNNING job is touched by a worker, so no generator is ever advanced from two
+threads at once.
+Rule 2: this file knows no sockets, calls or asyncio; ``deliver`` must be
+thread-safe (the loop passes ``call_soon_threadsafe``).
+
+    NEW --submit--> QUEUED --worker pops--> RUNNING --step ends--> OUT | DONE
+    OUT --requeue--> QUEUED          (cancelled: queued at the front, only closed)
+
+A cancelled job (barge-in, CALL_END, dock lost, shutdown) is moved to the front
+of the queue (``cancelled``), where a worker only closes its generator: no more
+inference is spent on it. ``stop`` lets the workers close every open job (also
+those the loop still holds) and exit.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engines.runtime.audio import UtteranceFramer
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.schedule import DeadlineQueue, StepEstimate
+from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled
+from engines.runtime.threads import lower_thread_priority
+
+
+class JobState(enum.Enum):
+    NEW = "new"
+    QUEUED = "queued"  # in the deadline queue (maybe parked)
+    RUNNING = "running"  # a worker is inside next() or close()
+    OUT = "out"  # its packets are with the loop, which will requeue it
+    DONE = "done"  # the generator is finished or closed
+
+
+@dataclass(slots=True)
+class Step:
+    """What one unit of work produced (handed to the loop)."""
+
+    packets: list[bytes]
+    compute_s: float  # time inside next()
+    wait_s: float  # time the job waited in the queue while ready
+    finished: bool  # the generator is done (or closed); no requeue
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    """One utterance's generator and what the pool needs to advance it."""
+
+    start: Callable[[], Iterator[FloatArray]]  # makes the generator (called by a worker)
+    token: CancelToken
+    deliver: Callable[[Step], None]  # thread-safe hand-off to the loop
+    meter: PlaybackMeter
+    ctx: contextvars.Context = field(default_factory=contextvars.copy_context)
+    framer: UtteranceFramer = field(default_factory=UtteranceFramer)
+    estimate: StepEstimate = field(default_factory=StepEstimate)
+    gen: Iterator[FloatArray] | None = None
+    state: JobState = JobState.NEW
+    steps: int = 0
+    compute_s: float = 0.0
+
+
+class SynthesisPool:
+    """``workers`` threads advancing jobs in deadline order (threads start on first use)."""
+
+    def __init__(self, workers: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if workers < 1:
+            raise ValueError(f"synthesis workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._queue: DeadlineQueue[Job] = DeadlineQueue()
+        self._open: set[Job] = set()  # every job not DONE
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+        self.busy = 0  # workers inside a step
+
+    # -- the loop's side -------------------------------------------------------------------
+
+    def submit(self, job: Job, deadline: float, ready_at: float = -math.inf) -> None:
+        with self._cond:
+            if self._stopping:
+                job.state = JobState.DONE
+                job.deliver(Step([], 0.0, 0.0, True))
+                return
+            self._start_threads()
+            job.state = JobState.QUEUED
+            self._open.add(job)
+            self._queue.push(job, deadline, self.clock(), ready_at)
+            self._cond.notify()
+        job.token.on_cancel(lambda: self.cancelled(job))
+
+    def requeue(self, job: Job, deadline: float, ready_at: float = -math.inf) -> None:
+        """The loop has sent the job's last step: queue its next unit."""
+        with self._cond:
+            if job.state is not JobState.OUT:
+                return
+            job.state = JobState.QUEUED
+            now = self.clock()
+            if job.token.cancelled:
+                self._queue.push(job, -math.inf, now)
+            else:
+                self._queue.push(job, deadline, now, ready_at)
+            self._cond.notify()
+
+    def cancelled(self, job: Job) -> None:
+        """The job's token fired: if it is queued, close it next (no more inference)."""
+        with self._cond:
+            if job.state is JobState.QUEUED and self._queue.expedite(job, self.clock()):
+                self._cond.notify()
+
+    def release(self, job: Job) -> None:
+        """The loop gives up on a job it holds (its call task ended): close it soon."""
+        job.token.cancel()
+        self.requeue(job, -math.inf)
+
+    def stop(self) -> None:
+        """Take no new jobs; the workers close every open job, then exit."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def live_threads(self) -> int:
+        return sum(1 for t in self._threads if t.is_alive())
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        """(queued, parked, busy workers, open jobs)."""
+        with self._cond:
+            now = self.clock()
+            return len(self._queue), self._queue.parked(now), self.busy, len(self._open)
+
+    # -- the workers -----------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        while len(self._threads) < self.workers:
+            th = threading.Thread(
+                target=self._work, name=f"synth-worker-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(th)
+            th.start()
+
+    def _take(self) -> tuple[Job, float] | None:
+        """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""
+        with self._cond:
+            while True:
+                now = self.clock()
+                got = self._queue.pop(now, parked_too=self._stopping)
+                if got is None and self._stopping:
+                    held = [j for j in self._open if j.state is JobState.OUT]
+                    if not held:
+                        return None
+                    got = (held[0], 0.0)
+                if got is not None:
+                    got[0].state = JobState.RUNNING
+                    self.busy += 1
+                    return got
+                wake = self._queue.next_ready_at(now)
+                self._cond.wait(None if wake is None else max(wake - now, 0.001))
+
+    def _work(self) -> None:
+        lower_thread_priority()
+        while True:
+            got = self._take()
+            if got is None:
+                return
+            job, wait_s = got
+            step = Step([], 0.0, wait_s, True)
+            try:
+                step = job.ctx.run(self._step, job, wait_s)
+            finally:
+                with self._cond:
+                    self.busy -= 1
+                    if step.finished:
+                        job.state = JobState.DONE
+                        self._open.discard(job)
+                    else:
+                        job.state = JobState.OUT
+                    if self._stopping:
+                        self._cond.notify_all()
+                job.deliver(step)
+
+    def _step(self, job: Job, wait_s: float) -> Step:
+        """One ``next()`` (or the close of a cancelled job), framed into packets."""
+        if job.token.cancelled or self._stopping:
+            return Step([], 0.0, wait_s, True, _close(job, None))
+        t0 = time.perf_counter()
+        chunk: FloatArray | None = None
+        error: BaseException | None = None
+        finished = False
+        try:
+            if job.gen is None:
+                job.gen = job.start()
+            chunk = next(job.gen)
+        except StopIteration:
+            finished = True
+        except SynthesisCancelled:
+            finished = True
+        except BaseException as exc:  # reported on the loop; never kills other calls
+            error, finished = exc, True
+        compute = time.perf_counter() - t0
+        job.steps += 1
+        job.compute_s += compute
+        packets: list[bytes] = []
+        if chunk is not None and not job.token.cancelled:
+            packets = list(job.framer.process(chunk))
+            job.meter.produced(sum(len(p) for p in packets) // 4)
+        if job.framer.truncated or job.token.cancelled:
+            finished = True
+        if finished:
+            error = _close(job, error)
+        return Step(packets, compute, wait_s, finished, error)
+
+
+def _close(job: Job, error: BaseException | None) -> BaseException | None:
+    """Close the job's generator (runs its ``finally`` blocks) in this worker thread."""
+    gen = job.gen
+    close: Callable[[], None] | None = getattr(gen, "close", None)
+    if close is not None:
+        try:
+            close()
+        except BaseException as exc:  # a generator that fails while closing
+            if error is None and not isinstance(exc, SynthesisCancelled):
+                error = exc
+    return error

@@ -1,0 +1,119 @@
+"""Which unit of synthesis work runs next: the deadline queue and the deadline rule.
+
+Rule 1: the ordering of work lives here: every queued item has a *deadline* (when
+its next unit must start so that its call's playback does not run dry) and a
+*ready* time (before it, the item is parked: its call has plenty of audio queued);
+``pop`` returns the ready item with the earliest deadline, first come first served
+among equal deadlines.
+Rule 2: this file knows no threads, clocks or synthesisers: times are plain floats
+(seconds of one monotonic clock) passed in by the caller (``pool.SynthesisPool``).
+
+Bounds: the queue holds at most one item per utterance in progress, and utterances
+in progress are bounded by ``--max-concurrent``; ``pop`` scans the items once
+(linear in that bound, a handful), which is simpler than a heap with lazy deletion
+and as fast at this size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Default size of the inference pool (``--synth-workers``), measured on 2 vCPUs with
+#: benchmarks/kokoro_capacity.py (README).
+SYNTH_WORKERS = 1
+#: A parked item becomes ready when its queued-ahead audio has dropped to this (s).
+MAX_AHEAD_S = 3.0
+#: EMA weight of the newest measurement in ``StepEstimate``.
+EMA_ALPHA = 0.3
+
+
+@dataclass(slots=True)
+class _Entry:
+    deadline: float
+    ready_at: float
+    seq: int
+    queued_at: float
+
+
+class DeadlineQueue(Generic[T]):
+    """Items (compared by identity) ordered by deadline; parked until their ready time."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[T, _Entry]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, item: object) -> bool:
+        return id(item) in self._items
+
+    def push(self, item: T, deadline: float, now: float, ready_at: float = -math.inf) -> None:
+        """Queue ``item`` (or re-time it if queued): due at ``deadline``, parked until
+        ``ready_at``."""
+        self._seq += 1
+        self._items[id(item)] = (item, _Entry(deadline, ready_at, self._seq, now))
+
+    def expedite(self, item: T, now: float) -> bool:
+        """Make a queued ``item`` the most urgent and ready at once (its work was
+        cancelled: only closing it is left); ``False`` if it is not queued."""
+        if id(item) not in self._items:
+            return False
+        self.push(item, -math.inf, now)
+        return True
+
+    def remove(self, item: T) -> bool:
+        return self._items.pop(id(item), None) is not None
+
+    def pop(self, now: float, *, parked_too: bool = False) -> tuple[T, float] | None:
+        """The ready item (any item with ``parked_too``) with the earliest deadline and how
+        long it waited since it was queued or became ready (s); ``None`` when none is."""
+        best: tuple[T, _Entry] | None = None
+        for pair in self._items.values():
+            e = pair[1]
+            if e.ready_at > now and not parked_too:
+                continue
+            if best is None or (e.deadline, e.seq) < (best[1].deadline, best[1].seq):
+                best = pair
+        if best is None:
+            return None
+        item, e = best
+        del self._items[id(item)]
+        return item, max(0.0, now - max(e.queued_at, e.ready_at))
+
+    def next_ready_at(self, now: float) -> float | None:
+        """The earliest time an item becomes ready (``now`` if one is ready already)."""
+        times = [e.ready_at for _, e in self._items.values()]
+        if not times:
+            return None
+        return max(now, min(times))
+
+    def parked(self, now: float) -> int:
+        return sum(1 for _, e in self._items.values() if e.ready_at > now)
+
+
+def deadline_for(dry_at: float, next_step_s: float, max_ahead_s: float) -> tuple[float, float]:
+    """(deadline, ready_at) of an utterance whose listener runs dry at ``dry_at`` and
+    whose next unit is expected to take ``next_step_s``: due when the unit would just
+    finish in time; parked while more than ``max_ahead_s`` of audio is queued."""
+    return dry_at - next_step_s, dry_at - max_ahead_s
+
+
+class StepEstimate:
+    """Exponential moving average of one kind of step's compute time (s)."""
+
+    __slots__ = ("n", "value")
+
+    def __init__(self, prior: float = 0.0) -> None:
+        self.value = prior
+        self.n = 0
+
+    def add(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        self.value = seconds if self.n == 0 else (1 - EMA_ALPHA) * self.value + EMA_ALPHA * seconds
+        self.n += 1
