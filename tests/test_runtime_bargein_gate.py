@@ -16,13 +16,14 @@ from engines.runtime.calls import CallManager, EngineSettings
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import CallState, CancelToken
 
-CHUNK = 4800  # one packet's worth of samples per chunk
-CHUNKS = 400  # far more than any queue of the runtime holds: 80 s of audio
+CHUNK = 4800  # one packet's worth of samples
+UNIT_PACKETS = 10  # packets per unit of synthesis work (one next() of the generator)
+CHUNKS = 40  # units: far more than any queue of the runtime holds, 80 s of audio
 WAIT = 20.0  # generous: waiting for events on a shared machine, not a time limit
 
 
 class BurstSynth:
-    """Produces audio far faster than real time; counts what it produced."""
+    """Produces audio far faster than real time, 10 packets per unit; counts packets."""
 
     name = "burst"
     sample_rate = 24000
@@ -55,8 +56,8 @@ class BurstSynth:
                 if cancel.cancelled:
                     return
                 with self.lock:
-                    self.produced += 1
-                yield np.full(CHUNK, 0.25, dtype=np.float32)
+                    self.produced += UNIT_PACKETS
+                yield np.full(CHUNK * UNIT_PACKETS, 0.25, dtype=np.float32)
         finally:
             self.finished.set()
 

@@ -114,6 +114,10 @@ FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence 
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
 DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
 HEADROOM = 0.7  # plan the next window to be ready when 70 % of the queued audio has played
+#: While other utterances are in progress, one window's decode is kept to about this
+#: long, so the scheduler can interleave other calls' windows (a long unit cannot be
+#: preempted).
+BUSY_WINDOW_S = 0.4
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
 MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
 PROSODY_STYLE = "kokoro_style"
@@ -206,6 +210,7 @@ class KokoroSynthesizer:
         self._default_voice = self.config.voice or DEFAULT_VOICE
         self._cache = AudioCache(int(self.config.prompt_cache_mb * 1024 * 1024))
         self._speed = _DecodeSpeed()
+        self._active = 0  # utterances in progress (generators started, not finished)
         self._boundary_ids: frozenset[int] = frozenset()
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
@@ -374,6 +379,8 @@ class KokoroSynthesizer:
     def _synthesize(
         self, text: str, state: CallState, cancel: CancelToken, *, use_cache: bool
     ) -> Iterator[FloatArray]:
+        with self._stats_lock:
+            self._active += 1
         try:
             yield from self._run(text, state, cancel, use_cache)
         except (SynthesisError, SynthesisCancelled, GeneratorExit):
@@ -381,6 +388,9 @@ class KokoroSynthesizer:
         except Exception as exc:  # a bug or a backend surprise: one clear error type
             log.warning("synthesis_failed", error=repr(exc), call_id=state.call_id)
             raise SynthesisError(f"synthesis failed: {exc}") from exc
+        finally:
+            with self._stats_lock:
+                self._active -= 1
 
     def _run(
         self, text: str, state: CallState, cancel: CancelToken, use_cache: bool
@@ -473,14 +483,24 @@ class KokoroSynthesizer:
             yield out
 
     def _budget_frames(self, state: CallState, emitted_s: float, t_first: float) -> int:
-        """Frames the next window may have so that it is ready before playback runs dry."""
+        """Frames the next window may have so that it is ready before playback runs dry.
+
+        The queued-ahead audio comes from the runtime's playback clock when it has one
+        (else from what this generator emitted since its first piece). With other
+        utterances in progress the inference is shared: the allowance is divided among
+        them, and one window is kept to about ``BUSY_WINDOW_S`` of decoding.
+        """
         clock = getattr(state, "playback", None)
         if clock is not None:
             ahead = float(clock.ahead_s())
         else:
             ahead = emitted_s - (time.perf_counter() - t_first)
         rtf = max(self._speed.rtf, 1e-3)
-        frames = ahead * HEADROOM / rtf * FRAMES_PER_S - 2 * self.config.window_context
+        active = max(1, self._active)
+        ctx = 2 * self.config.window_context
+        frames = ahead * HEADROOM / (rtf * active) * FRAMES_PER_S - ctx
+        if active > 1:
+            frames = min(frames, BUSY_WINDOW_S / rtf * FRAMES_PER_S - ctx)
         return int(frames)
 
     def _windows(

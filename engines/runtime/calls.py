@@ -611,6 +611,10 @@ class CallManager:
                     break
                 self._account(utt, job, step)
                 for i, pcm in enumerate(step.packets):
+                    # a unit can be seconds of audio: while the dock pushes back, the rest
+                    # waits here, where a barge-in (the gate in _send) still drops it
+                    if i and self.sink.write_paused:
+                        await self.sink.drain()
                     self._send(w, utt, pcm, unit_start=i == 0)
                 if step.finished:
                     end = _End(job.framer.samples_out, job.framer.truncated, step.error)
