@@ -10,7 +10,12 @@ import argparse
 from pathlib import Path
 
 from engines.qwen3.paths import MODES
-from engines.qwen3.synthesizer import MAX_FRAMES_CAP, Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.synthesizer import (
+    DEFAULT_LEFT_CONTEXT,
+    MAX_FRAMES_CAP,
+    Qwen3Options,
+    Qwen3Synthesizer,
+)
 from svc.cli import int_in
 
 
@@ -112,6 +117,7 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
         **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
         **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),
+        **({"left_context": args.left_context} if "left_context" in args else {}),
     )
 
 
@@ -132,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_in(1, None, "--first-chunk-frames"),
         default=None,
         help="frames in the first chunk (default: --chunk-frames)",
+    )
+    s.add_argument(
+        "--left-context",
+        type=int_in(0, None, "--left-context"),
+        default=DEFAULT_LEFT_CONTEXT,
+        help="earlier frames decoded with each chunk (one 72-frame attention window; "
+        "benchmarks/qwen3_vocoder_context.py measures the trade-off)",
     )
     add_vocoder_threads(s)
     return p

@@ -41,6 +41,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_VOICE = "default"
 #: WIRE.md 4: outputs over 120 s are refused; 1500 frames = 120 s at 12.5 Hz.
 MAX_FRAMES_CAP = 1500
+#: Vocoder left context per streamed chunk: one attention window of the codec decoder
+#: (README, Qwen3: measured SNR vs the full decode 27 dB at 25 frames, 45 dB at 72).
+DEFAULT_LEFT_CONTEXT = 72
 
 
 class FrameEngine(Protocol):
@@ -75,7 +78,7 @@ class Qwen3Options:
     vocoder_threads: int | None = None
     chunk_frames: int = 4
     first_chunk_frames: int | None = None
-    left_context: int = 25
+    left_context: int = DEFAULT_LEFT_CONTEXT
     max_frames: int = MAX_FRAMES_CAP
     greedy: bool = False
     seed: int | None = None
