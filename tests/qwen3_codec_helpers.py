@@ -44,6 +44,44 @@ TINY_DECODER: dict[str, Any] = {
     "attention_dropout": 0.0,
 }
 
+TINY_ENCODER: dict[str, Any] = {  # a MimiConfig
+    "model_type": "mimi",
+    "sampling_rate": 24000,
+    "frame_rate": 12.5,
+    "audio_channels": 1,
+    "hidden_size": 16,
+    "num_filters": 4,
+    "num_residual_layers": 1,
+    "upsampling_ratios": [8, 6, 5, 4],
+    "kernel_size": 7,
+    "last_kernel_size": 3,
+    "residual_kernel_size": 3,
+    "dilation_growth_rate": 2,
+    "use_causal_conv": True,
+    "pad_mode": "constant",
+    "compress": 2,
+    "trim_right_ratio": 1.0,
+    "codebook_size": 2048,
+    "codebook_dim": 8,
+    "num_quantizers": 16,
+    "use_conv_shortcut": False,
+    "vector_quantization_hidden_dimension": 8,
+    "num_semantic_quantizers": 1,
+    "upsample_groups": 16,
+    "num_hidden_layers": 2,
+    "intermediate_size": 32,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 8000,
+    "norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "sliding_window": 250,
+    "layer_scale_initial_scale": 0.01,
+    "attention_bias": False,
+}
+
 TINY_SPEAKER: dict[str, Any] = {
     "mel_dim": 128,
     "enc_channels": [16, 16, 16, 16, 48],
@@ -57,9 +95,10 @@ TINY_SPEAKER: dict[str, Any] = {
 
 
 def codec_config(decoder: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``speech_tokenizer/config.json`` (decoder part; no encoder tensors are written)."""
+    """``speech_tokenizer/config.json``."""
     return {
         "model_type": "qwen3_tts_tokenizer_12hz",
+        "encoder_config": dict(TINY_ENCODER),
         "decoder_config": dict(decoder or TINY_DECODER),
         "encoder_valid_num_quantizers": 16,
         "input_sample_rate": 24000,
@@ -111,6 +150,21 @@ def _layer_index(name: str) -> tuple[int, str]:
     return int(name.split(".")[2]), name
 
 
+def encoder_arrays() -> dict[str, np.ndarray]:
+    """``encoder.*`` tensors (official Mimi names) of the tiny codec encoder."""
+    from engines.qwen3.codec_encoder import CodecEncoder, EncoderConfig
+
+    model = CodecEncoder(EncoderConfig.from_dict(TINY_ENCODER))
+    out = {}
+    for k, v in model.state_dict().items():
+        name = f"encoder.{k}"
+        if k.endswith("initialized"):
+            out[name] = np.ones(tuple(v.shape), np.float32)
+        else:
+            out[name] = codec_value(name, tuple(v.shape))
+    return out
+
+
 def speaker_arrays(enc_dim: int, spk: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     from engines.qwen3.speaker_encoder import SpeakerEncoderConfig, build_speaker_encoder
 
@@ -128,7 +182,7 @@ def write_speech_tokenizer(st_dir: Path, decoder: dict[str, Any] | None = None) 
 
     st_dir.mkdir(parents=True, exist_ok=True)
     (st_dir / "config.json").write_text(json.dumps(codec_config(decoder), indent=1))
-    save_file(decoder_arrays(decoder), str(st_dir / "model.safetensors"))
+    save_file({**encoder_arrays(), **decoder_arrays(decoder)}, str(st_dir / "model.safetensors"))
     return st_dir
 
 

@@ -15,7 +15,11 @@ name-derived weights our side uses, and writes ``golden.npz``:
 - the official x-vector path of ``create_voice_clone_prompt`` for 24 kHz audio
   (``Qwen3TTSForConditionalGeneration.extract_speaker_embedding``: the official
   ``mel_spectrogram`` then the speaker encoder) on ``qwen3_codec_helpers.test_audio``:
-  ``mel`` and ``xvector``.
+  ``mel`` and ``xvector``;
+- the reference codes of ``create_voice_clone_prompt`` (the official
+  ``Qwen3TTSTokenizerV2Model.encode``, its Mimi encoder) for that audio
+  (``codes_ref``, 2.0 s = 25 frames) and for a length that is not a multiple
+  of 1920 samples (``codes_ref_odd``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ FRAMES = 100
 CHUNK = 12
 STRIDE = 8
 ENC_DIM = 32
-AUDIO_S = 2.0
+AUDIO_S = 2.0  # 25 frames exactly
+ODD_S = 2.03  # not a multiple of 1920 samples
 
 
 def official_decoder() -> Any:
@@ -58,6 +63,24 @@ def official_decoder() -> Any:
     state = {
         k[len("decoder.") :]: torch.from_numpy(v.copy()) for k, v in ch.decoder_arrays().items()
     }
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def official_tokenizer() -> Any:
+    """The whole official 12 Hz tokenizer (Mimi encoder + decoder) with the tiny weights."""
+    import torch
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Config,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Model,
+    )
+
+    cfg = Qwen3TTSTokenizerV2Config(**ch.codec_config())
+    model = Qwen3TTSTokenizerV2Model._from_config(cfg).eval()
+    arrays = {**ch.encoder_arrays(), **ch.decoder_arrays()}
+    state = {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
     model.load_state_dict(state, strict=True)
     return model
 
@@ -107,6 +130,13 @@ def generate() -> dict[str, np.ndarray]:
         fmax=12000,
     ).transpose(1, 2)
     out["mel"] = mel[0].numpy()
+    # Reference codes as create_voice_clone_prompt gets them (speech_tokenizer.encode ->
+    # Qwen3TTSTokenizerV2Model.encode; the feature extractor passes one mono 24 kHz clip through).
+    tok = official_tokenizer()
+    for name, secs in (("codes_ref", AUDIO_S), ("codes_ref_odd", ODD_S)):
+        wav = torch.from_numpy(ch.test_audio(secs))[None]
+        enc = tok.encode(wav, torch.ones_like(wav, dtype=torch.long), return_dict=True)
+        out[name] = enc.audio_codes[0].numpy().astype(np.int64)  # [T,16]
     out["xvector"] = xvec.float().numpy()
     return out
 
@@ -126,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "stride": STRIDE,
         "enc_dim": ENC_DIM,
         "audio_s": AUDIO_S,
+        "odd_s": ODD_S,
+        "encoder_config": ch.TINY_ENCODER,
         "decoder_config": ch.TINY_DECODER,
         "speaker_config": ch.TINY_SPEAKER,
     }

@@ -68,6 +68,17 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--speaker-embedding", type=Path, help="Base: x-vector .npy file")
     v.add_argument("--ref-codes", type=Path, help="Base voice clone (ICL): reference codes .npy")
     v.add_argument("--ref-text", help="Base voice clone (ICL): transcript of the reference")
+    v.add_argument(
+        "--clone-prompt",
+        type=Path,
+        help="Base: voice-clone prompt from ttsdock qwen3-clone-prompt (.npz); its name "
+        "(file stem) is the default voice",
+    )
+    v.add_argument(
+        "--clone-prompt-dir",
+        type=Path,
+        help="Base: directory of prompt .npz files, each a voice (SET_VOICE:<stem>)",
+    )
     v.add_argument("--non-streaming", action="store_true", help="feed all text before audio")
     v.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     v.add_argument("--seed", type=int, help="sampling seed (default: a random one)")
@@ -108,6 +119,8 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         speaker_embedding=args.speaker_embedding,
         ref_codes=args.ref_codes,
         ref_text=args.ref_text,
+        clone_prompt=args.clone_prompt,
+        clone_prompt_dir=args.clone_prompt_dir,
         device=args.device,
         dtype=args.dtype,
         greedy=args.greedy,

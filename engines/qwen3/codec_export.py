@@ -11,6 +11,9 @@
 - ``export_speaker_encoder``: Base checkpoints' ECAPA-TDNN -> ONNX, input
   ``mels`` float32 ``[1, frames, 128]`` (frames dynamic), output ``xvector``
   ``[1, enc_dim]``, checked the same way on random mels.
+- ``export_codec_encoder`` (Base): the codec's encoder -> ``qwen3-tts-codec-encoder.onnx``,
+  input ``audio`` ``[1,1,S]`` (S a multiple of 1920), output ``codes`` int64
+  ``[1,16,S/1920]``, checked by code agreement on random audio.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ import numpy.typing as npt
 from engines.qwen3.errors import ConversionError
 
 VOCODER_FILE = "qwen3-tts-vocoder.onnx"
+CODEC_ENCODER_FILE = "qwen3-tts-codec-encoder.onnx"
+#: Share of reference codes ONNX Runtime must reproduce exactly (a nearest-codeword search
+#: may flip on a near-tie between two codewords; typical: all equal).
+ENCODER_MIN_AGREEMENT = 0.99
 #: Max abs difference ONNX Runtime vs torch accepted at export (fp32 both; typical 1e-6).
 VOCODER_TOLERANCE = 1e-3
 SPEAKER_TOLERANCE = 1e-3
@@ -44,6 +51,11 @@ class ExportCheck:
     snr_db: float
 
     def line(self) -> str:
+        if self.what == "codec encoder":
+            return (
+                f"codec encoder: ONNX vs torch on {self.cases} random inputs: "
+                f"{1.0 - self.max_abs_diff:.2%} of the codes identical"
+            )
         return (
             f"{self.what}: ONNX vs torch on {self.cases} random inputs: "
             f"max abs diff {self.max_abs_diff:.2e}, SNR {self.snr_db:.1f} dB"
@@ -163,6 +175,53 @@ def export_speaker_encoder(
     return check
 
 
+def export_codec_encoder(
+    st_dir: str | Path,
+    out_path: str | Path,
+    *,
+    check_frames: Sequence[int] = (5, 31),
+    seed: int = 0,
+) -> ExportCheck:
+    """Export the codec encoder of ``st_dir`` (audio ``[1,1,S]`` -> codes ``[1,16,S/1920]``)."""
+    import onnxruntime as ort
+    import torch
+
+    from engines.qwen3.codec_encoder import HOP, load_encoder
+
+    model = load_encoder(st_dir)
+    out = Path(out_path)
+    _export(
+        model,
+        (torch.zeros((1, 1, 8 * HOP), dtype=torch.float32),),
+        out,
+        input_names=["audio"],
+        output_names=["codes"],
+        dynamic_axes={"audio": {2: "samples"}, "codes": {2: "frames"}},
+    )
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    same = total = 0
+    for t in check_frames:
+        audio = (0.3 * rng.standard_normal((1, 1, t * HOP))).astype(np.float32)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(audio)).numpy()
+        got = np.asarray(sess.run(None, {"audio": audio})[0])
+        if got.shape != ref.shape or got.shape != (1, 16, t):
+            raise ConversionError(
+                f"exported codec encoder returned {list(got.shape)} for {t} frames of audio"
+            )
+        same += int(np.sum(got == ref))
+        total += got.size
+    agree = same / total
+    check = ExportCheck("codec encoder", len(check_frames), 1.0 - agree, math.inf)
+    if agree < ENCODER_MIN_AGREEMENT:
+        raise ConversionError(
+            f"codec encoder: ONNX reproduces only {agree:.1%} of the torch codes "
+            f"(needs {ENCODER_MIN_AGREEMENT:.0%})"
+        )
+    return check
+
+
 def speaker_encoder_file(size_slug: str) -> str:
     return f"qwen3-tts-{size_slug}-base-speaker-encoder.onnx"
 
@@ -226,4 +285,9 @@ def export_codec_files(
     model = load_speaker_encoder(spk_cfg, tensors)
     res.speaker_encoder = out / speaker_encoder_file(_size_slug(cfg, size))
     res.checks.append(export_speaker_encoder(model, res.speaker_encoder))
+    if st_dir.is_dir():
+        res.codec_encoder = out / CODEC_ENCODER_FILE
+        res.checks.append(export_codec_encoder(st_dir, res.codec_encoder))
+    else:
+        res.notes.append("no codec encoder written: voice-clone prompts will be x-vector only")
     return res
