@@ -270,3 +270,39 @@ def test_synthesizer_voices_and_size_refusal(converted: tuple[Path, Path], tmp_p
     wide = _prompt(size="1.7b", width=2048).save(tmp_path / "wide.npz")
     with pytest.raises(SynthesisError, match=r"made for the 1\.7b model"):
         synth(clone_prompt=wide)
+
+
+# -- cmd port: per-call and reloadable voices are optional synthesiser methods ----------
+
+
+async def test_cmd_port_call_voice_commands() -> None:
+    from runtime_helpers import ToneSynth, cmd, free_port, running_engine
+
+    async with running_engine(ToneSynth(), free_port()) as eng:  # no such methods: unknown
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:1|x") == "ERROR:Unknown command"
+        assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "ERROR:Unknown command"
+
+    class VoicedTone(ToneSynth):
+        def __init__(self) -> None:
+            super().__init__()
+            self.set: list[tuple[int, str | None]] = []
+
+        def voices(self) -> list[str]:
+            return ["a", "b"]
+
+        def set_call_voice(self, call_id: int, voice: str | None) -> None:
+            self.set.append((call_id, voice))
+
+        def reload_voices(self) -> list[str]:
+            return ["a", "b", "c"]
+
+    synth = VoicedTone()
+    async with running_engine(synth, free_port()) as eng:
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|b") == "VOICE:12:b"
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|") == "VOICE:12:-"
+        assert (await cmd(eng.cmd_port, "SET_CALL_VOICE:12|z")).startswith("ERROR:Unknown voice")
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12") == (
+            "ERROR:format SET_CALL_VOICE:<call_id>|<voice>"
+        )
+        assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "VOICES:a,b,c"
+    assert synth.set == [(12, "b"), (12, None)]

@@ -19,7 +19,7 @@ def base_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return hf
 
 
-def test_convert_writes_vocoder_and_speaker_encoder(base_hf: Path, tmp_path: Path, capsys) -> None:
+def test_convert_writes_vocoder_and_encoders(base_hf: Path, tmp_path: Path, capsys) -> None:
     from engines.qwen3.convert import main
     from engines.qwen3.vocoder import Vocoder
 
@@ -32,10 +32,12 @@ def test_convert_writes_vocoder_and_speaker_encoder(base_hf: Path, tmp_path: Pat
         "qwen3-tts-0.6b-base-speaker-encoder.onnx",
         "qwen3-tts-0.6b-base-talker-f32.gguf",
         "qwen3-tts-0.6b-base-tokenizer.gguf",
+        "qwen3-tts-codec-encoder.onnx",
         "qwen3-tts-vocoder.onnx",
     ]
     assert "vocoder: ONNX vs torch on 3 random inputs: max abs diff" in text
     assert "speaker encoder: ONNX vs torch" in text and "SNR" in text
+    assert "codec encoder: ONNX vs torch on 2 random inputs: 100.00% of the codes identical" in text
     voc = Vocoder(out / "qwen3-tts-vocoder.onnx")
     assert voc.layout == "BQT"
     assert voc.decode(np.zeros((3, 16), np.int64)).shape == (3 * 1920,)
