@@ -122,27 +122,36 @@ def parse_wav(data: bytes, *, name: str = "<bytes>") -> tuple[FloatArray, int]:
 
 
 def resample(audio: npt.ArrayLike, rate: int, target: int = SAMPLE_RATE) -> FloatArray:
-    """Band-limited (Kaiser-windowed sinc) resampling from ``rate`` to ``target`` Hz."""
+    """Band-limited (Kaiser-windowed sinc) resampling from ``rate`` to ``target`` Hz.
+
+    Polyphase: with ``target/rate = L/M`` in lowest terms, output ``n`` sits at input
+    position ``n*M/L``, whose fractional part takes only ``L`` values, so the filter taps
+    are tabulated once per phase.
+    """
+    import math
+
     x = np.asarray(audio, dtype=np.float64).reshape(-1)
     if rate == target or x.size == 0:
         return x.astype(np.float32)
+    g = math.gcd(int(rate), int(target))
+    up, down = target // g, rate // g
     ratio = target / rate
     cutoff = min(1.0, ratio) * 0.97  # of the lower Nyquist frequency, a little headroom
-    half = 32  # taps per side at the lower rate
-    n_out = round(x.size * ratio)
-    t = np.arange(n_out) / ratio  # output instants in input samples
-    base = np.floor(t).astype(np.int64)
-    reach = int(np.ceil(half / min(1.0, ratio)))
-    out = np.zeros(n_out)
+    reach = int(np.ceil(32 / min(1.0, ratio)))  # 32 taps per side at the lower rate
     beta = 8.0
-    for k in range(-reach + 1, reach + 1):
-        idx = base + k
-        d = t - idx  # distance in input samples
-        arg = d / reach
-        w = np.where(np.abs(arg) < 1.0, np.i0(beta * np.sqrt(np.clip(1.0 - arg**2, 0.0, 1.0))), 0.0)
-        h = cutoff * np.sinc(cutoff * d) * w / np.i0(beta)
-        valid = (idx >= 0) & (idx < x.size)
-        out[valid] += h[valid] * x[idx[valid]]
+    ks = np.arange(-reach + 1, reach + 1)
+    frac = np.arange(up) * down % up / up  # fractional input position of each phase
+    d = frac[:, None] - ks[None, :]  # [phase, tap]: distance in input samples
+    arg = np.clip(1.0 - (d / reach) ** 2, 0.0, 1.0)
+    table = cutoff * np.sinc(cutoff * d) * np.i0(beta * np.sqrt(arg)) / np.i0(beta)
+    table[np.abs(d) >= reach] = 0.0
+    n_out = round(x.size * ratio)
+    pos = np.arange(n_out, dtype=np.int64) * down
+    base, phase = pos // up, pos % up
+    padded = np.pad(x, (reach, reach + 1))
+    out = np.zeros(n_out)
+    for j, k in enumerate(ks):
+        out += table[phase, j] * padded[base + k + reach]
     return out.astype(np.float32)
 
 
