@@ -306,3 +306,28 @@ async def test_cmd_port_call_voice_commands() -> None:
         )
         assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "VOICES:a,b,c"
     assert synth.set == [(12, "b"), (12, None)]
+
+
+def test_synth_cli_with_clone_prompt(converted: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    from engines.qwen3.clone_cli import main as clone
+    from engines.qwen3.synth_cli import main as synth
+
+    _, models = converted
+    wav = tmp_path / "r.wav"
+    wav.write_bytes(wav_bytes(ch.test_audio(2.0), 24000))
+    prompt = tmp_path / "alice.npz"
+    args = ["--model-dir", str(models), "--ref-wav", str(wav), "--ref-text", "Hi.", "--out"]
+    assert clone([*args, str(prompt)]) == 0
+    out = tmp_path / "o.wav"
+    common = ["--model-dir", str(models), "--mode", "base", "--text", "Hello.", "--greedy"]
+    assert (
+        synth([*common, "--clone-prompt", str(prompt), "--max-frames", "5", "--wav-out", str(out)])
+        == 0
+    )
+    text = capsys.readouterr().out
+    frames = int(text.split("frames: ")[1].split()[0])
+    with wave.open(str(out)) as w:
+        assert w.getnframes() == frames * 1920 and w.getframerate() == 24000
+    wide = _prompt(size="1.7b", width=2048).save(tmp_path / "wide.npz")
+    assert synth([*common, "--clone-prompt", str(wide), "--wav-out", str(out)]) == 2
+    assert "made for the 1.7b model" in capsys.readouterr().err
