@@ -85,7 +85,15 @@ def test_demo_speaks_both_sentences_into_a_wav(models_dir: Path, tmp_path: Path)
 
 
 # --------------------------------------------------------------------- the command line
-EXPECTED_COMMANDS = {"serve", "ctl", "kokoro", "qwen3", "qwen3-convert", "qwen3-synth"}
+EXPECTED_COMMANDS = {
+    "serve",
+    "ctl",
+    "kokoro",
+    "qwen3",
+    "qwen3-convert",
+    "qwen3-synth",
+    "qwen3-clone-prompt",
+}
 
 
 def _ttsdock(*args: str) -> subprocess.CompletedProcess[str]:

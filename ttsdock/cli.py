@@ -21,6 +21,7 @@ _SUMMARY = {
     "qwen3": "run the Qwen3-TTS engine and dock it",
     "qwen3-convert": "convert an official Qwen3-TTS checkpoint into GGUF files",
     "qwen3-synth": "synthesise with Qwen3-TTS offline, without the dock",
+    "qwen3-clone-prompt": "make a Qwen3-TTS voice-clone prompt (Base) from a reference WAV",
 }
 
 
@@ -32,7 +33,7 @@ def _usage(commands: dict[str, EntryPoint]) -> str:
     lines = ["usage: ttsdock <command> [options]   (ttsdock <command> --help for details)", ""]
     lines.append("commands:")
     for name in sorted(commands, key=lambda n: (n not in _SUMMARY, n)):
-        lines.append(f"  {name:<14} {_SUMMARY.get(name, '')}")
+        lines.append(f"  {name:<18} {_SUMMARY.get(name, '')}")
     return "\n".join(lines)
 
 

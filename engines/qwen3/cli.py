@@ -10,7 +10,12 @@ import argparse
 from pathlib import Path
 
 from engines.qwen3.paths import MODES
-from engines.qwen3.synthesizer import MAX_FRAMES_CAP, Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.synthesizer import (
+    DEFAULT_LEFT_CONTEXT,
+    MAX_FRAMES_CAP,
+    Qwen3Options,
+    Qwen3Synthesizer,
+)
 from engines.runtime.cli import text_options
 from svc.cli import int_in
 
@@ -64,6 +69,17 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--speaker-embedding", type=Path, help="Base: x-vector .npy file")
     v.add_argument("--ref-codes", type=Path, help="Base voice clone (ICL): reference codes .npy")
     v.add_argument("--ref-text", help="Base voice clone (ICL): transcript of the reference")
+    v.add_argument(
+        "--clone-prompt",
+        type=Path,
+        help="Base: voice-clone prompt from ttsdock qwen3-clone-prompt (.npz); its name "
+        "(file stem) is the default voice",
+    )
+    v.add_argument(
+        "--clone-prompt-dir",
+        type=Path,
+        help="Base: directory of prompt .npz files, each a voice (SET_VOICE:<stem>)",
+    )
     v.add_argument("--non-streaming", action="store_true", help="feed all text before audio")
     v.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     v.add_argument("--seed", type=int, help="sampling seed (default: a random one)")
@@ -104,6 +120,8 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         speaker_embedding=args.speaker_embedding,
         ref_codes=args.ref_codes,
         ref_text=args.ref_text,
+        clone_prompt=args.clone_prompt,
+        clone_prompt_dir=args.clone_prompt_dir,
         device=args.device,
         dtype=args.dtype,
         greedy=args.greedy,
@@ -114,6 +132,7 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
         **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
         **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),
+        **({"left_context": args.left_context} if "left_context" in args else {}),
     )
 
 
@@ -134,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_in(1, None, "--first-chunk-frames"),
         default=None,
         help="frames in the first chunk (default: --chunk-frames)",
+    )
+    s.add_argument(
+        "--left-context",
+        type=int_in(0, None, "--left-context"),
+        default=DEFAULT_LEFT_CONTEXT,
+        help="earlier frames decoded with each chunk (one 72-frame attention window; "
+        "benchmarks/qwen3_vocoder_context.py measures the trade-off)",
     )
     add_vocoder_threads(s)
     return p

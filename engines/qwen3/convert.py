@@ -13,7 +13,10 @@ or, with ``--bundled``, everything in ``qwen3-tts-{size}-{mode}-{dtype}.gguf``.
 1-D tensors (norms, biases) stay F32; 2-D tensors get ``--dtype`` (q8_0 falls
 back to F16 for rows not a multiple of 32). The projection tensors are written
 whenever the checkpoint has them (they follow the tensors, not the size string).
-The speaker encoder (Base) is not converted: the engine takes x-vectors as input.
+
+When the checkpoint has ``speech_tokenizer/`` (the 12 Hz codec), ``main`` also
+exports ``qwen3-tts-vocoder.onnx`` and, for Base checkpoints, the speaker encoder
+(and the codec encoder) for voice-clone prompts (``engines.qwen3.codec_export``).
 """
 
 from __future__ import annotations
@@ -388,22 +391,42 @@ def main(argv: list[str] | None = None) -> int:
         "--mode", default="auto", help="auto (from config.json), base, customvoice or voicedesign"
     )
     p.add_argument("--bundled", action="store_true", help="write one bundled GGUF file")
+    p.add_argument(
+        "--vocoder-only",
+        action="store_true",
+        help="only export speech_tokenizer/'s decoder to qwen3-tts-vocoder.onnx",
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
+    size = None if args.size == "auto" else args.size
+    written: list[Path] = []
     try:
-        files = convert(
-            args.hf_dir,
-            args.out,
-            dtype=args.dtype,
-            size=None if args.size == "auto" else args.size,
-            mode=None if args.mode == "auto" else args.mode,
-            bundled=args.bundled,
-        )
+        if not args.vocoder_only:
+            files = convert(
+                args.hf_dir,
+                args.out,
+                dtype=args.dtype,
+                size=size,
+                mode=None if args.mode == "auto" else args.mode,
+                bundled=args.bundled,
+            )
+            written += [files.talker, files.code_predictor, files.tokenizer]
+        from engines.qwen3.codec_export import export_codec_files
+
+        codec = export_codec_files(args.hf_dir, args.out, speaker=not args.vocoder_only, size=size)
     except ConversionError as exc:
         print(f"qwen3-convert: error: {exc}", file=sys.stderr)
         return 2
-    for path in dict.fromkeys((files.talker, files.code_predictor, files.tokenizer)):
+    if args.vocoder_only and codec.vocoder is None:
+        print(f"qwen3-convert: error: {'; '.join(codec.notes or [])}", file=sys.stderr)
+        return 2
+    written += [f for f in (codec.vocoder, codec.speaker_encoder, codec.codec_encoder) if f]
+    for path in dict.fromkeys(written):
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    for check in codec.checks or []:
+        print(check.line())
+    for note in codec.notes or []:
+        print(note)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
+from engines.qwen3.clone_voices import ClonePromptVoices
 from engines.qwen3.paths import ModelPathError, ModeModelPaths, mode_slug
 from engines.qwen3.vocoder import SAMPLES_PER_FRAME, Vocoder, VocoderError
 from engines.runtime.synth import (
@@ -42,6 +43,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_VOICE = "default"
 #: WIRE.md 4: outputs over 120 s are refused; 1500 frames = 120 s at 12.5 Hz.
 MAX_FRAMES_CAP = 1500
+#: Vocoder left context per streamed chunk: one attention window of the codec decoder
+#: (README, Qwen3: measured SNR vs the full decode 27 dB at 25 frames, 45 dB at 72).
+DEFAULT_LEFT_CONTEXT = 72
 
 
 class FrameEngine(Protocol):
@@ -71,12 +75,14 @@ class Qwen3Options:
     speaker_embedding: Path | None = None  # Base: x-vector .npy (float32 [hidden])
     ref_codes: Path | None = None  # Base ICL: reference codec frames .npy (int [R, 16])
     ref_text: str | None = None  # Base ICL: transcript of the reference audio
+    clone_prompt: Path | None = None  # Base: qwen3-clone-prompt .npz (default voice = its stem)
+    clone_prompt_dir: Path | None = None  # Base: every *.npz in it is a voice
     device: str = "cpu"
     dtype: str = "float32"
     vocoder_threads: int | None = None
     chunk_frames: int = 4
     first_chunk_frames: int | None = None
-    left_context: int = 25
+    left_context: int = DEFAULT_LEFT_CONTEXT
     max_frames: int = MAX_FRAMES_CAP
     greedy: bool = False
     seed: int | None = None
@@ -145,6 +151,7 @@ class Qwen3Synthesizer:
         self._speaker_embedding: np.ndarray | None = None
         self._ref_codes: np.ndarray | None = None
         self._lock = threading.Lock()
+        self._prompts = ClonePromptVoices()
         self._stats: dict[str, float] = {}
         self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0}
 
@@ -205,6 +212,7 @@ class Qwen3Synthesizer:
                 f"qwen3: the model files are a {mode_slug(engine_mode)} checkpoint, not {self.mode}"
             )
         self.paths, self.vocoder, self.engine = paths, vocoder, engine
+        self._load_clone_prompts(engine)
         self._speakers = self._preset_speakers()
         if self.mode == "customvoice":
             if not self._speakers:
@@ -249,12 +257,38 @@ class Qwen3Synthesizer:
     def voices(self) -> list[str]:
         if self.mode == "customvoice":
             return list(self._speakers) if self._speakers else _all_preset_names()
-        return [DEFAULT_VOICE]
+        return self._prompts.voices()
+
+    # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE.
+    def _load_clone_prompts(self, engine: Any) -> None:
+        o = self.options
+        if o.clone_prompt is None and o.clone_prompt_dir is None:
+            return
+        if self.mode != "base":
+            raise SynthesisError(f"qwen3: --clone-prompt needs mode base, not {self.mode}")
+        meta = getattr(engine, "meta", None)
+        self._prompts.configure(
+            o.clone_prompt,
+            o.clone_prompt_dir,
+            model_size=getattr(meta, "model_size", None),
+            width=getattr(getattr(meta, "talker", None), "hidden_size", None),
+        )
+
+    def reload_voices(self) -> list[str]:
+        """Rescan ``--clone-prompt-dir`` (cmd port ``RELOAD_VOICES``); returns the voices."""
+        self._prompts.rescan()
+        return self.voices()
+
+    def set_call_voice(self, call_id: int, voice: str | None) -> None:
+        """Voice of one call's next utterances (cmd port ``SET_CALL_VOICE``); None clears."""
+        if voice is not None and voice not in self.voices():
+            raise VoiceNotFound(f"qwen3: unknown voice {voice!r}")
+        self._prompts.set_call(call_id, voice)
 
     @property
     def default_voice(self) -> str:
         if self.mode != "customvoice":
-            return DEFAULT_VOICE
+            return self._prompts.default or DEFAULT_VOICE
         if self.options.speaker is not None:
             return self.options.speaker.lower()
         names = self.voices()
@@ -287,7 +321,10 @@ class Qwen3Synthesizer:
 
     @property
     def ref_codes(self) -> np.ndarray | None:
-        """ICL reference frames (Base voice cloning), or None."""
+        """ICL reference frames of the default voice (Base voice cloning), or None."""
+        prompt = self._prompts.get(self.default_voice)
+        if prompt is not None:
+            return prompt.ref_codes
         return self._ref_codes
 
     def make_request(self, text: str, voice: str | None, *, max_frames: int | None = None) -> Any:
@@ -307,11 +344,25 @@ class Qwen3Synthesizer:
             "seed": o.seed,
             "max_frames": max_frames if max_frames is not None else o.max_frames,
         }
+        prompt = None
         if self.mode == "customvoice":
             kw["speaker"] = self._resolve_speaker(voice or self.default_voice)
+        elif (prompt := self._prompts.get(voice or self.default_voice)) is not None:
+            pass
         elif voice not in (None, DEFAULT_VOICE):
-            raise VoiceNotFound(f"qwen3: {self.mode} has only the voice {DEFAULT_VOICE!r}")
-        if self._ref_codes is not None:
+            raise VoiceNotFound(
+                f"qwen3: unknown voice {voice!r}; this engine has {', '.join(self.voices())}"
+            )
+        if prompt is not None and prompt.ref_codes is not None:
+            kw["voice_clone_prompt"] = api.VoiceClonePrompt(
+                ref_code=prompt.ref_codes,
+                ref_text=prompt.ref_text,
+                ref_spk_embedding=prompt.x_vector,
+                icl_mode=True,
+            )
+        elif prompt is not None:
+            kw["speaker_embedding"] = prompt.x_vector
+        elif self._ref_codes is not None:
             kw["voice_clone_prompt"] = api.VoiceClonePrompt(
                 ref_code=self._ref_codes,
                 ref_text=o.ref_text,
@@ -336,14 +387,17 @@ class Qwen3Synthesizer:
         if not text.strip():
             return
         cancel.raise_if_cancelled()
-        req = self.make_request(text, state.voice)
+        voice = self._prompts.call_voice(state.call_id) or state.voice
+        req = self.make_request(text, voice)
+        prompt = self._prompts.get(voice or self.default_voice) if self.mode == "base" else None
+        ref = prompt.ref_codes if prompt is not None else self._ref_codes
         assert self.vocoder is not None
         o = self.options
         dec = self.vocoder.streaming(
             chunk_frames=o.chunk_frames,
             left_context=o.left_context,
             first_chunk_frames=o.first_chunk_frames,
-            ref_codes=self._ref_codes,  # ICL: the reference frames are the decoder's context
+            ref_codes=ref,  # ICL: the reference frames are the decoder's context
         )
         with self._lock:
             yield from self._run(req, dec, cancel)

@@ -130,6 +130,8 @@ class CommandHandler:
             "NORMALIZE": self.normalize,
             "RELOAD_LEXICON": self.reload_lexicon,
             "METRICS": self.metrics,
+            "SET_CALL_VOICE": self.set_call_voice,
+            "RELOAD_VOICES": self.reload_voices,
         }
 
     async def __call__(self, data: bytes) -> str:
@@ -319,6 +321,31 @@ class CommandHandler:
         self.settings.voice = name
         log.info("voice_set", voice=name)
         return f"VOICE:{name}"
+
+    async def set_call_voice(self, cmd: Command) -> str:
+        """``SET_CALL_VOICE:<call_id>|<voice>`` (empty voice: back to the engine's): only for
+        synthesisers with a ``set_call_voice(call_id, voice)`` method (Qwen3 Base)."""
+        fn = getattr(self.synth, "set_call_voice", None)
+        if not callable(fn):
+            return ERR_UNKNOWN
+        cid, bar, name = (cmd.arg or "").partition("|")
+        if not bar or not cid.strip().isdigit():
+            return "ERROR:format SET_CALL_VOICE:<call_id>|<voice>"
+        name = name.strip()
+        names = await in_thread(self.synth.voices)
+        if name and name not in names:
+            return f"ERROR:Unknown voice {name[:64]}"
+        await in_thread(fn, int(cid), name or None)
+        log.info("call_voice_set", call_id=int(cid), voice=name or None)
+        return f"VOICE:{int(cid)}:{name or '-'}"
+
+    async def reload_voices(self, cmd: Command) -> str:
+        """``RELOAD_VOICES``: a synthesiser with ``reload_voices()`` rescans its stored voices."""
+        fn = getattr(self.synth, "reload_voices", None)
+        if not callable(fn):
+            return ERR_UNKNOWN
+        names = await in_thread(fn)
+        return "VOICES:" + ",".join(names)
 
     async def get_voice(self, cmd: Command) -> str:
         voice = self.settings.voice
