@@ -76,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     synth.load(need_vocoder=args.wav_out is not None)
     load_ms = (time.perf_counter() - t0) * 1e3
     req = synth.make_request(args.text, args.speaker)
+    assert synth.engine is not None
     t1 = time.perf_counter()
     try:
         codes, timings = synth.engine.generate_codes(req)

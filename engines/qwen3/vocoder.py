@@ -262,6 +262,7 @@ class Vocoder:
         left_context: int = 25,
         first_chunk_frames: int | None = None,
         ref_codes: npt.ArrayLike | None = None,
+        ramp: Sequence[int] | None = None,
     ) -> StreamingDecoder:
         return StreamingDecoder(
             self,
@@ -269,6 +270,7 @@ class Vocoder:
             left_context=left_context,
             first_chunk_frames=first_chunk_frames,
             ref_codes=ref_codes,
+            ramp=ramp,
         )
 
     def close(self) -> None:
@@ -281,7 +283,9 @@ class StreamingDecoder:
     Each chunk is decoded together with up to ``left_context`` earlier frames
     (or ICL reference codes, for the first chunks); the context's samples are
     dropped, so the concatenated output has exactly ``frames*1920`` samples.
-    ``first_chunk_frames`` (default ``chunk_frames``) lets the first audio leave earlier.
+    ``first_chunk_frames`` (default ``chunk_frames``) lets the first audio leave earlier;
+    ``ramp`` (for example ``[1, 2]`` before chunks of 4) sets the sizes of the first
+    chunks instead, so the first audio leaves after one frame and later chunks grow.
     """
 
     def __init__(
@@ -292,6 +296,7 @@ class StreamingDecoder:
         left_context: int = 25,
         first_chunk_frames: int | None = None,
         ref_codes: npt.ArrayLike | None = None,
+        ramp: Sequence[int] | None = None,
     ) -> None:
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
@@ -300,9 +305,12 @@ class StreamingDecoder:
         first = chunk_frames if first_chunk_frames is None else first_chunk_frames
         if first < 1:
             raise ValueError(f"first_chunk_frames must be >= 1, got {first}")
+        self.ramp = [int(n) for n in ramp] if ramp else [first]
+        if any(n < 1 for n in self.ramp):
+            raise ValueError(f"ramp chunk sizes must be >= 1, got {list(self.ramp)}")
         self.vocoder = vocoder
         self.chunk_frames = chunk_frames
-        self.first_chunk_frames = first
+        self.first_chunk_frames = self.ramp[0]
         self.left_context = left_context
         ctx = (
             _check_codes(ref_codes)
@@ -322,7 +330,8 @@ class StreamingDecoder:
             raise ValueError(f"push takes one frame of {NUM_CODEBOOKS} codes")
         self._pending.append(row)
         self.frames_in += 1
-        need = self.first_chunk_frames if self.chunks_out == 0 else self.chunk_frames
+        i = self.chunks_out
+        need = self.ramp[i] if i < len(self.ramp) else self.chunk_frames
         if len(self._pending) >= need:
             return self._decode_pending()
         return None
