@@ -288,7 +288,7 @@ class Qwen3TtsEngine:
         still has buffered for this call (lower goes first when the batch is full).
         ``on_end`` gets the utterance's timings when its stream ends (any way).
         """
-        label = name or "request"
+        label = f"request {name!r}" if name else "request"
         with torch.inference_mode():
             prep = self.prepare(req)
         o = self.batching
@@ -350,20 +350,19 @@ class Qwen3TtsEngine:
         streams: list[tuple[int, FrameStream]] = []
         cap = self.batching.max_batch
         for i, (name, req) in enumerate(reqs):
+            label = f"request {name!r}"
             if len(streams) >= cap:
-                out.append(
-                    BatchResult(
-                        name, None, {}, f"{name}: the batch already holds max_batch={cap} "
-                        "requests (raise --max-batch)",
-                    )
-                )  # fmt: skip
+                msg = (
+                    f"{label}: the batch already holds max_batch={cap} requests (raise --max-batch)"
+                )
+                out.append(BatchResult(name, None, {}, msg))
                 continue
             try:
                 streams.append((i, self.submit(req, name=name)))
                 out.append(BatchResult(name, None, {}))
             except (RequestError, ValueError) as exc:
                 msg = str(exc)
-                out.append(BatchResult(name, None, {}, msg if name in msg else f"{name}: {msg}"))
+                out.append(BatchResult(name, None, {}, msg if label in msg else f"{label}: {msg}"))
         n = self.meta.talker.num_code_groups
         for i, stream in streams:
             res = out[i]
@@ -371,7 +370,7 @@ class Qwen3TtsEngine:
                 frames = list(stream)
                 res.codes = np.stack(frames) if frames else np.zeros((0, n), dtype=np.int64)
             except Exception as exc:
-                res.error = f"{res.name}: {exc}"
+                res.error = f"request {res.name!r}: {exc}"
             res.timings = dict(stream.timings)
         return out
 

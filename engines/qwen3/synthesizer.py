@@ -23,10 +23,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,9 @@ from engines.runtime.synth import (
     SynthesisError,
     VoiceNotFound,
 )
+
+if TYPE_CHECKING:
+    from engines.qwen3.engine import BatchResult
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +98,10 @@ class BatchingEngine(FrameEngine, Protocol):
     ) -> Iterator[npt.NDArray[np.int64]]: ...
 
     def batch_stats(self) -> dict[str, float]: ...
+
+    def generate_batch(
+        self, reqs: Sequence[tuple[str, ModeSynthesizeRequest]]
+    ) -> list[BatchResult]: ...
 
     def close(self) -> None: ...
 
@@ -379,9 +386,19 @@ class Qwen3Synthesizer:
         return self._ref_codes
 
     def make_request(
-        self, text: str, voice: str | None, *, max_frames: int | None = None
+        self,
+        text: str,
+        voice: str | None,
+        *,
+        max_frames: int | None = None,
+        language: str | None = None,
+        instruct: str | None = None,
+        non_streaming: bool | None = None,
     ) -> ModeSynthesizeRequest:
-        """The engine's ``ModeSynthesizeRequest`` for ``text`` in ``voice`` with these options."""
+        """The engine's ``ModeSynthesizeRequest`` for ``text`` in ``voice`` with these options.
+
+        ``language``, ``instruct`` and ``non_streaming`` override the options when given.
+        """
         if not self._checked:
             raise SynthesisError("qwen3: model not loaded (call load() first)")
         o = self.options
@@ -389,9 +406,9 @@ class Qwen3Synthesizer:
         kw: dict[str, Any] = {
             "text": text,
             "mode": mode,
-            "language": o.language,
-            "instruct": o.instruct,
-            "non_streaming": o.non_streaming,
+            "language": language if language is not None else o.language,
+            "instruct": instruct if instruct is not None else o.instruct,
+            "non_streaming": non_streaming if non_streaming is not None else o.non_streaming,
             "greedy": o.greedy,
             "seed": o.seed,
             "max_frames": max_frames if max_frames is not None else o.max_frames,
