@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.qwen3.engine import Qwen3TtsEngine
-from engines.qwen3.frame_batch import FrameBatch
+from engines.qwen3.frame_batch import FrameBatch, StepShape
 from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
 from engines.qwen3.speed import measure_frames_per_second
 from engines.runtime.synth import SynthesisCancelled
@@ -72,7 +72,7 @@ def test_cached_predictor_equals_recompute(which: str, request: pytest.FixtureRe
     fb = FrameBatch(eng.model, max_batch=3, max_context=16, eos=2150, suppress=eng.suppress)
     with torch.inference_mode():
         fb.h[:] = torch.randn(3, eng.meta.talker.hidden_size)
-        fb.frame_codes(3, 0, 0, None)  # all rows greedy: the batch's default parameters
+        fb.frame_codes(3, StepShape(0, 0, False, False), None)  # all greedy: the defaults
         for row in range(3):
             code0 = int(fb.codes[row, 0])
             want, _ = _recompute_codes(eng, fb.h[row], code0)

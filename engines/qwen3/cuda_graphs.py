@@ -9,8 +9,8 @@ Buckets are powers of two (1, 2, 4, ... up to ``max_batch``); a step over
 ``n`` active slots replays the smallest bucket ``>= n`` (the rows above ``n``
 are padding). A bucket whose capture fails is dropped with every larger one,
 so the batch keeps running on the smaller captured buckets and eagerly above.
-Graphs are keyed by ``(bucket, k0, kc)``: the Gumbel candidate counts of
-codebook 0 and of the predictor (0 when every row is greedy).
+Graphs are keyed by the bucket and the step's ``StepShape`` (Gumbel candidate
+counts, top-p in use).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol
 import structlog
 import torch
 
-from engines.qwen3.frame_batch import FrameBatch
+from engines.qwen3.frame_batch import FrameBatch, StepShape
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +68,7 @@ class GraphSteps:
         self.batch = batch
         self.buckets = bucket_sizes(batch.max_batch)
         self._capture = capture_fn
-        self._graphs: dict[tuple[int, int, int], Replayable] = {}
+        self._graphs: dict[tuple[int, StepShape], Replayable] = {}
         self.max_graphs = max_graphs
         self.enabled = True
         self.captured = 0
@@ -80,14 +80,14 @@ class GraphSteps:
                 return b
         return None
 
-    def run(self, n: int, k0: int, kc: int) -> bool:
+    def run(self, n: int, shape: StepShape) -> bool:
         """Replay the step over slots ``0..n-1`` (noise and text rows already filled)."""
         if not self.enabled:
             return False
         b = self.bucket_for(n)
         if b is None:
             return False
-        key = (b, k0, kc)
+        key = (b, shape)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._capture_bucket(key)
@@ -96,13 +96,13 @@ class GraphSteps:
         graph.replay()
         return True
 
-    def _capture_bucket(self, key: tuple[int, int, int]) -> Replayable | None:
-        b, k0, kc = key
+    def _capture_bucket(self, key: tuple[int, StepShape]) -> Replayable | None:
+        b, shape = key
         fb = self.batch
         length, cp_length = fb.cache.length, fb.cp_cache.length
 
         def body() -> None:
-            fb.step_body(b, k0, kc, length, cp_length)
+            fb.step_body(b, shape, length, cp_length)
 
         # The warm-up runs write only to padding rows' scratch positions and to the
         # per-frame buffers that every real step overwrites; save and restore the rest.
@@ -132,7 +132,7 @@ class GraphSteps:
             self._graphs.pop(next(iter(self._graphs)))
         self._graphs[key] = graph
         self.captured += 1
-        log.info("cuda_graph_captured", engine="qwen3", bucket=b, k0=k0, kc=kc)
+        log.info("cuda_graph_captured", engine="qwen3", bucket=b, shape=str(shape))
         return graph
 
 

@@ -152,7 +152,7 @@ class DecoderStack:
         self.norm = t(final_norm)
         self.eps_t = torch.tensor(eps, device=device, dtype=torch.float32)
         self._max_pos = 0
-        self.cos = self.sin = torch.empty(0)
+        self.cos = self.sin = self.cis = torch.empty(0)
         self.ensure_positions(max_positions)
 
     @property
@@ -166,7 +166,8 @@ class DecoderStack:
             cos, sin = rope_tables(self.head_dim, self.theta, size, self.device, torch.float32)
             half = self.head_dim // 2
             c, s = cos[:, :half], sin[:, :half]
-            # interleaved pairs (a, b) -> (a*c - b*s, b*c + a*s)
+            # interleaved pairs (a, b) -> (a*c - b*s, b*c + a*s): a complex multiply
+            self.cis = torch.complex(c, s)  # [P, d/2] complex64 (float32 stacks)
             self.cos = torch.stack((c, c), dim=-1).reshape(size, -1).to(self.dtype)
             self.sin = torch.stack((-s, s), dim=-1).reshape(size, -1).to(self.dtype)
             self._max_pos = size
@@ -213,15 +214,25 @@ class DecoderStack:
         brow = torch.arange(bsz, device=x.device)[:, None].expand(bsz, seq)
         keys = torch.arange(kv_len, device=x.device)
         mask = (keys[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B, 1, L, T]
-        cos = self.cos[qpos].unsqueeze(2)  # [B, L, 1, d]
-        sin = self.sin[qpos].unsqueeze(2)
+        if self.dtype == torch.float32:  # RoPE as one complex multiply
+            cis = self.cis[qpos].unsqueeze(2)  # [B, L, 1, d/2]
+        else:
+            cos = self.cos[qpos].unsqueeze(2)  # [B, L, 1, d]
+            sin = self.sin[qpos].unsqueeze(2)
+        x = x.reshape(bsz * seq, -1)  # the linear parts run on 2-D rows
+        mm = torch.mm
         for li, ly in enumerate(self.layers):
-            qkv = torch.matmul(x, ly.wqkv).mul_(self._inv_rms(x))
-            qk = qkv[..., : qd + kd].reshape(bsz, seq, nh + nkv, hd)
+            qkv = mm(x, ly.wqkv).mul_(self._inv_rms(x))
+            qk = qkv[:, : qd + kd].view(bsz, seq, nh + nkv, hd)
             z = qk * ly.qk_norm
-            swap = z.view(bsz, seq, nh + nkv, -1, 2).flip(-1).view(z.shape)
-            qk = torch.addcmul(z * cos, swap, sin).mul_(self._inv_rms(qk))
-            new = torch.cat((qk[:, :, nh:], qkv[..., qd + kd :].reshape(bsz, seq, nkv, hd)), 2)
+            if self.dtype == torch.float32:
+                zc = torch.view_as_complex(z.view(bsz, seq, nh + nkv, -1, 2))
+                rot = torch.view_as_real(zc * cis).view(z.shape)
+            else:
+                swap = z.view(bsz, seq, nh + nkv, -1, 2).flip(-1).view(z.shape)
+                rot = torch.addcmul(z * cos, swap, sin)
+            qk = rot.mul_(self._inv_rms(qk))
+            new = torch.cat((qk[:, :, nh:], qkv[:, qd + kd :].view(bsz, seq, nkv, hd)), 2)
             layer_kv = kv[li]
             layer_kv[brow, wpos] = new
             past = layer_kv[:, :kv_len]  # [B, T, 2*kv, d]
@@ -233,7 +244,7 @@ class DecoderStack:
                 scale=1.0,
                 enable_gqa=self.gqa,
             )
-            x = x + torch.matmul(attn.transpose(1, 2).reshape(bsz, seq, qd), ly.wo)
-            gu = torch.matmul(x, ly.w_gate_up).mul_(self._inv_rms(x))
-            x = x + torch.matmul(F.silu(gu[..., :ffn]).mul_(gu[..., ffn:]), ly.w_down)
-        return x * self._inv_rms(x) * self.norm
+            x = torch.addmm(x, attn.transpose(1, 2).reshape(bsz * seq, qd), ly.wo)
+            gu = mm(x, ly.w_gate_up).mul_(self._inv_rms(x))
+            x = torch.addmm(x, F.silu(gu[:, :ffn]).mul_(gu[:, ffn:]), ly.w_down)
+        return (x * self._inv_rms(x) * self.norm).view(bsz, seq, -1)

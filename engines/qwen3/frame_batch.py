@@ -33,6 +33,17 @@ Tensor = torch.Tensor
 PREFILL_CHUNK = 32
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """The static sizes of one step (part of a CUDA graph's key): Gumbel candidates of
+    codebook 0 and of the predictor (0: all rows greedy) and whether any row uses top-p."""
+
+    k0: int
+    kc: int
+    p0: bool
+    pc: bool
+
+
 @dataclass
 class SlotRow:
     """Host-side view of one occupied slot."""
@@ -169,10 +180,11 @@ class FrameBatch:
                 n = i + 1
         return n
 
-    def prepare_step(self, n: int) -> tuple[int, int, int]:
+    def prepare_step(self, n: int) -> tuple[StepShape, int]:
         """Host work before a step over slots ``0..n-1``: each ready row's next text row
-        and its seeded noise. Returns ``(k0, kc, kv_len)`` for ``step_body``."""
+        and its seeded noise. Returns the step's static shape and the talker ``kv_len``."""
         k0 = kc = 0
+        p0 = pc = False
         top = 1
         dev = self.model.device
         for i in range(n):
@@ -186,19 +198,21 @@ class FrameBatch:
             if row.kc:
                 self.noisec[i, :, : row.kc] = gumbel((self.n_groups, row.kc), dev, row.gen)
                 kc = max(kc, row.kc)
+            p0 = p0 or (row.k0 > 0 and row.sampling.top_p < 1.0)
+            pc = pc or (row.kc > 0 and row.sampling.cp_top_p < 1.0)
             top = max(top, row.n_rows + row.frames + 1)
-        return k0, kc, top
+        return StepShape(k0, kc, p0, pc), top
 
-    def step_body(self, n: int, k0: int, kc: int, kv_len: int, cp_len: int | None) -> None:
+    def step_body(self, n: int, sh: StepShape, kv_len: int, cp_len: int | None) -> None:
         """One frame for slots ``0..n-1``: ``frame_codes`` then ``talker_step`` (no host reads).
 
         ``kv_len`` bounds the talker keys read and ``cp_len`` (None: the natural 2..16)
         the predictor's; a CUDA graph passes both whole cache lengths.
         """
-        self.frame_codes(n, k0, kc, cp_len)
+        self.frame_codes(n, sh, cp_len)
         self.talker_step(n, kv_len)
 
-    def frame_codes(self, n: int, k0: int, kc: int, cp_len: int | None) -> None:
+    def frame_codes(self, n: int, sh: StepShape, cp_len: int | None) -> None:
         """Codebook 0 and the 15 predictor codes of slots ``0..n-1`` into ``self.codes[:n]``."""
         m = self.model
         cp = m.cp
@@ -210,7 +224,7 @@ class FrameBatch:
         )
         code0 = draw_rows(
             logits, self.greedy[:n], self.temp[:n], self.top_k[:n], self.top_p[:n],
-            self.noise0[:n, :k0],
+            self.noise0[:n, : sh.k0], sh.p0,
         )  # fmt: skip
         self.codes[:n, 0] = code0
         cpc = self.cp_cache.rows(0, n)
@@ -222,7 +236,7 @@ class FrameBatch:
         for g in range(self.n_groups):
             c = draw_rows(
                 torch.matmul(hid, heads[g]).float(), self.cp_greedy[:n], self.cp_temp[:n],
-                self.cp_top_k[:n], self.cp_top_p[:n], self.noisec[:n, g, :kc],
+                self.cp_top_k[:n], self.cp_top_p[:n], self.noisec[:n, g, : sh.kc], sh.pc,
             )  # fmt: skip
             self.codes[:n, g + 1] = c
             if g + 1 < self.n_groups:
@@ -243,6 +257,6 @@ class FrameBatch:
 
     def step(self, n: int) -> npt.NDArray[np.int64]:
         """Eager step over slots ``0..n-1``; the frames ``[n, 16]`` (host copy)."""
-        k0, kc, top = self.prepare_step(n)
-        self.step_body(n, k0, kc, top, None)
+        shape, top = self.prepare_step(n)
+        self.step_body(n, shape, top, None)
         return self.codes[:n].cpu().numpy().copy()

@@ -69,13 +69,15 @@ def draw_rows(
     top_k: Tensor,
     top_p: Tensor,
     noise: Tensor,
+    nucleus: bool = True,
 ) -> Tensor:
     """One id per row of float32 ``scores [B, V]`` -> long ``[B]``.
 
     ``greedy [B]`` bool; ``temperature``, ``top_p`` float ``[B]``; ``top_k [B]`` long,
     already ``candidates(top_k, V)``. ``noise [B, K]``: row ``b``'s Gumbel noise in
     its first ``top_k[b]`` columns, ``K >= max top_k`` of the sampled rows; ``K == 0``
-    means every row is greedy (argmax only).
+    means every row is greedy (argmax only). ``nucleus`` False skips top-p (when no
+    row has ``top_p < 1``; the result is the same, the kernels fewer).
     """
     best = torch.argmax(scores, dim=-1)
     k = noise.shape[1]
@@ -85,12 +87,13 @@ def draw_rows(
     rank = torch.arange(k, device=scores.device)
     vals = vals.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
     t = temperature[:, None]
-    probs = torch.softmax(vals / t, dim=-1)
-    # Drop the tail whose cumulative mass (from the bottom) is <= 1 - top_p; keep >= 1.
-    rev_cum = torch.flip(torch.cumsum(torch.flip(probs, (1,)), 1), (1,))
-    remove = (rev_cum <= (1.0 - top_p[:, None])) & (top_p[:, None] < 1.0)
-    remove[:, 0] = False
-    vals = vals.masked_fill(remove, float("-inf"))
+    if nucleus:
+        probs = torch.softmax(vals / t, dim=-1)
+        # Drop the tail whose cumulative mass (from the bottom) is <= 1 - top_p; keep >= 1.
+        rev_cum = torch.flip(torch.cumsum(torch.flip(probs, (1,)), 1), (1,))
+        remove = (rev_cum <= (1.0 - top_p[:, None])) & (top_p[:, None] < 1.0)
+        remove[:, 0] = False
+        vals = vals.masked_fill(remove, float("-inf"))
     # argmax(s/T + g) == argmax(s + T*g) for T > 0
     choice = torch.argmax(vals + t * noise, dim=-1, keepdim=True)
     return torch.where(greedy, best, idx.gather(1, choice).squeeze(1))

@@ -287,13 +287,13 @@ class BatchScheduler:
         if n == 0:
             return
         t0 = time.perf_counter()
-        k0, kc, top = fb.prepare_step(n)
-        graphed = self.graphs is not None and self.graphs.run(n, k0, kc)
+        shape, top = fb.prepare_step(n)
+        graphed = self.graphs is not None and self.graphs.run(n, shape)
         if graphed:
             codes = fb.codes[:n].cpu().numpy().copy()
             t1 = t2 = time.perf_counter()
         else:
-            fb.frame_codes(n, k0, kc, None)
+            fb.frame_codes(n, shape, None)
             if self.device.type != "cuda":
                 t1 = time.perf_counter()
             fb.talker_step(n, top)
