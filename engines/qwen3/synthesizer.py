@@ -590,9 +590,10 @@ class Qwen3Synthesizer:
             "frames_per_s": frames / (wall_ms / 1e3) if wall_ms > 0 else 0.0,
             "completed": 1.0 if done else 0.0,
         }
-        self._stats = st
-        self._totals["utterances"] += 1
-        self._totals["frames"] += frames
+        with self._lock:
+            self._stats = st
+            self._totals["utterances"] += 1
+            self._totals["frames"] += frames
         log.debug(
             "utterance_synthesized", engine=self.name, **{k: round(v, 2) for k, v in st.items()}
         )
