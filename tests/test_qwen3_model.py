@@ -121,8 +121,27 @@ def test_batched_rows_at_their_own_positions_equal_single_rows(
         # a padding row (valid False) writes only to the scratch position
         before = batch.kv.clone()
         valid = torch.tensor([True, False, True])
-        t.forward(step, pos + 1, batch, valid=valid)
+        t.forward(step, pos + 1, batch, lengths=valid.long())
         np.testing.assert_array_equal(batch.kv[:, 1, :11].numpy(), before[:, 1, :11].numpy())
+        # prompts of different lengths prefilled in one padded call into chosen cache rows
+        padded = torch.zeros(2, 6, eng.meta.talker.hidden_size)
+        padded[0, :3], padded[1] = xs[0], xs[1]
+        other = t.new_cache(12, batch=4)
+        out = t.forward(
+            padded,
+            torch.tensor([0, 0]),
+            other,
+            lengths=torch.tensor([3, 6]),
+            rows=torch.tensor([2, 0]),
+        )
+        np.testing.assert_allclose(
+            other.kv[:, 2, :3].numpy(), batch.kv[:, 0, :3].numpy(), atol=1e-5
+        )
+        np.testing.assert_allclose(
+            other.kv[:, 0, :6].numpy(), batch.kv[:, 1, :6].numpy(), atol=1e-5
+        )
+        alone = t.forward(xs[0][None], torch.tensor([0]), t.new_cache(12))[0, -1]
+        np.testing.assert_allclose(out[0, 2].numpy(), alone.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_sampling_is_seedable_and_greedy_is_deterministic(split) -> None:

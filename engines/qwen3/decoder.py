@@ -190,17 +190,22 @@ class DecoderStack:
         pos: Tensor,
         cache: KVCache,
         kv_len: int | None = None,
-        valid: Tensor | None = None,
+        lengths: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """Rows ``x [B, L, H]``: row ``b`` at positions ``pos[b]..pos[b]+L-1`` of cache row ``b``.
 
         Returns the final-normed ``[B, L, H]``. Keys and values are written to the
         cache, then each query attends to its own row's positions ``<=`` its own.
         ``kv_len`` bounds the keys read (default: the largest ``pos + L``; a CUDA
-        graph passes the whole cache so that shapes stay static). Rows with
-        ``valid[b]`` False only pad the batch: they write to the scratch position
-        and their output is meaningless (but finite). The caller guarantees
-        ``pos + L <= cache.length - 1``; nothing here syncs with the host.
+        graph passes the whole cache so that shapes stay static). ``lengths[b]``
+        (default ``L``) is how many rows of batch row ``b`` are real: the others only
+        pad (several prompts of different lengths in one call; a length of 0 pads a
+        whole batch row) and write to the scratch position; their outputs are
+        meaningless but finite. ``rows`` names the cache rows of the batch rows
+        (default ``0..B-1``: ``cache`` is then read as a view; with ``rows`` the keys
+        are gathered, which suits prefill, not decode). The caller guarantees
+        ``pos + length <= cache.length - 1``; nothing here syncs with the host.
         """
         bsz, seq, _ = x.shape
         kv = cache.kv
@@ -210,15 +215,21 @@ class DecoderStack:
         qd, kd, ffn = self.q_dim, self.kv_dim, self.ffn
         steps = torch.arange(seq, device=x.device)
         qpos = pos[:, None] + steps[None, :]  # [B, L]
-        wpos = qpos if valid is None else torch.where(valid[:, None], qpos, cache.length - 1)
-        brow = torch.arange(bsz, device=x.device)[:, None].expand(bsz, seq)
+        wpos = qpos
+        if lengths is not None:
+            wpos = torch.where(steps[None, :] < lengths[:, None], qpos, cache.length - 1)
+        if rows is None:
+            brow = torch.arange(bsz, device=x.device)[:, None].expand(bsz, seq)
+        else:
+            brow = rows[:, None].expand(bsz, seq)
         keys = torch.arange(kv_len, device=x.device)
         mask = (keys[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B, 1, L, T]
+        rpos = qpos.clamp_max(self._max_pos - 1)  # padding rows may run past the tables
         if self.dtype == torch.float32:  # RoPE as one complex multiply
-            cis = self.cis[qpos].unsqueeze(2)  # [B, L, 1, d/2]
+            cis = self.cis[rpos].unsqueeze(2)  # [B, L, 1, d/2]
         else:
-            cos = self.cos[qpos].unsqueeze(2)  # [B, L, 1, d]
-            sin = self.sin[qpos].unsqueeze(2)
+            cos = self.cos[rpos].unsqueeze(2)  # [B, L, 1, d]
+            sin = self.sin[rpos].unsqueeze(2)
         x = x.reshape(bsz * seq, -1)  # the linear parts run on 2-D rows
         mm = torch.mm
         for li, ly in enumerate(self.layers):
@@ -235,7 +246,7 @@ class DecoderStack:
             new = torch.cat((qk[:, :, nh:], qkv[:, qd + kd :].view(bsz, seq, nkv, hd)), 2)
             layer_kv = kv[li]
             layer_kv[brow, wpos] = new
-            past = layer_kv[:, :kv_len]  # [B, T, 2*kv, d]
+            past = layer_kv[:, :kv_len] if rows is None else layer_kv[rows, :kv_len]
             attn = F.scaled_dot_product_attention(
                 qk[:, :, :nh].transpose(1, 2),
                 past[:, :, :nkv].transpose(1, 2),

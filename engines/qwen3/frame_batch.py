@@ -18,6 +18,7 @@ host value, so ``cuda_graphs`` captures it as is; ``step`` runs it eagerly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,25 +151,44 @@ class FrameBatch:
         self.valid[slot] = False
         self.pos[slot] = 0
 
-    def prefill_chunk(self, slot: int, chunk: int = PREFILL_CHUNK) -> bool:
-        """Run up to ``chunk`` more prompt rows of ``slot``; True when its prefill is done."""
-        row = self.slots[slot]
-        assert row is not None
-        start = row.prefilled
-        stop = min(row.n_rows, start + max(1, chunk))
+    def prefill(self, slots: Sequence[int], chunk: int = PREFILL_CHUNK) -> list[int]:
+        """Up to ``chunk`` more prompt rows of each of ``slots``, in one batched call.
+
+        Prompts of different lengths are padded (the padding writes only to the scratch
+        position). Returns the slots whose prefill is now done (they join the next step).
+        """
         m = self.model
-        x = row.prep.rows[start:stop].unsqueeze(0)
-        pos = torch.full((1,), start, dtype=torch.long, device=m.device)
-        out = m.talker.forward(x, pos, self.cache.rows(slot, slot + 1), kv_len=stop)
-        row.prefilled = stop
-        if stop < row.n_rows:
-            return False
-        self.h[slot] = out[0, -1]
-        self.pos[slot] = row.n_rows
-        self.seen[slot] = False
-        self.frame_i[slot] = 0
-        self.valid[slot] = True
-        return True
+        rows = [self.slots[s] for s in slots]
+        starts = [r.prefilled for r in rows if r is not None]
+        assert len(starts) == len(slots)
+        lens = [min(r.n_rows - r.prefilled, max(1, chunk)) for r in rows if r is not None]
+        width = max(lens)
+        x = torch.zeros((len(slots), width, self.h.shape[1]), device=m.device, dtype=m.dtype)
+        for i, r in enumerate(rows):
+            assert r is not None
+            x[i, : lens[i]] = r.prep.rows[starts[i] : starts[i] + lens[i]]
+        dev = m.device
+        out = m.talker.forward(
+            x,
+            torch.tensor(starts, dtype=torch.long, device=dev),
+            self.cache,
+            kv_len=max(s + n for s, n in zip(starts, lens, strict=True)),
+            lengths=torch.tensor(lens, dtype=torch.long, device=dev),
+            rows=torch.tensor(list(slots), dtype=torch.long, device=dev),
+        )
+        done = []
+        for i, (slot, r) in enumerate(zip(slots, rows, strict=True)):
+            assert r is not None
+            r.prefilled += lens[i]
+            if r.prefilled < r.n_rows:
+                continue
+            self.h[slot] = out[i, lens[i] - 1]
+            self.pos[slot] = r.n_rows
+            self.seen[slot] = False
+            self.frame_i[slot] = 0
+            self.valid[slot] = True
+            done.append(slot)
+        return done
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -251,7 +271,8 @@ class FrameBatch:
         self.seen[:n].scatter_(1, self.codes[:n, :1], valid[:, None])
         self.frame_i[:n] += 1
         x = (m.frames_embedding(self.codes[:n]) + self.text[:n]).unsqueeze(1)
-        out = m.talker.forward(x, self.pos[:n], self.cache.rows(0, n), kv_len=kv_len, valid=valid)
+        cache = self.cache.rows(0, n)
+        out = m.talker.forward(x, self.pos[:n], cache, kv_len=kv_len, lengths=valid.long())
         self.h[:n] = out[:, 0]
         self.pos[:n] += valid.long()
 

@@ -260,24 +260,33 @@ class BatchScheduler:
                         self._fail_all(exc)
 
     def _iteration(self) -> None:
-        if self._prefilling:
-            utt = self._prefilling[0]
+        # With rows decoding, one batched prefill chunk (every newcomer, up to
+        # ``prefill_chunk`` rows each) per frame step, so the others wait at most one
+        # chunk; with none decoding, pending prefills run to the end (nobody to delay).
+        while self._prefilling:
+            todo = list(self._prefilling)
+            slots = [u.slot for u in todo]
             t0 = time.perf_counter()
             try:
-                assert utt.slot is not None
-                done = self.batch.prefill_chunk(utt.slot, self.prefill_chunk)
+                assert all(s is not None for s in slots)
+                done = set(
+                    self.batch.prefill([s for s in slots if s is not None], self.prefill_chunk)
+                )
             except Exception as exc:
                 with self._cond:
-                    self._prefilling.remove(utt)
-                    self._finish(utt, exc)
-                return
-            utt.timings["prefill"] += (time.perf_counter() - t0) * 1e3
+                    for utt in todo:
+                        self._finish(utt, exc)
+                break
+            ms = (time.perf_counter() - t0) * 1e3
             self._counters["prefill_chunks"] += 1
-            if done:
-                with self._cond:
-                    self._prefilling.remove(utt)
-                    assert utt.slot is not None
-                    self._active[utt.slot] = utt
+            with self._cond:
+                for utt in todo:
+                    utt.timings["prefill"] += ms
+                    if utt.slot in done:
+                        self._prefilling.remove(utt)
+                        self._active[utt.slot] = utt
+            if self._active:
+                break
         if self._active:
             self._step()
 
