@@ -272,3 +272,15 @@ def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Pa
     assert st["call.1.utterances"] == 1 and "call.3.ttfa_ms" in st
     assert st["ttfa_ms_p95"] >= st["ttfa_ms_p50"] > 0
     s.close()
+
+
+def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines.qwen3 import cli
+
+    monkeypatch.delenv("TTSDOCK_MAX_CONCURRENT", raising=False)
+    args = cli.build_parser().parse_args(["--model-dir", "m", "--max-batch", "8"])
+    assert args.max_concurrent == cli.QWEN3_MAX_CONCURRENT and args.max_batch == 8
+    opts = cli.options_from_args(args)
+    assert opts.max_batch == 8 and opts.max_context is None
+    args = cli.build_parser().parse_args(["--model-dir", "m", "--max-concurrent", "3"])
+    assert args.max_concurrent == 3

@@ -50,7 +50,8 @@ def capture(fn: Callable[[], None]) -> Replayable:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: callers render prompts on the GPU from their own threads meanwhile
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         fn()
     return graph
 
