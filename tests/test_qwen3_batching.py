@@ -271,6 +271,7 @@ def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Pa
     assert st["batch_batch_size_max"] >= 2 and st["batch_active"] == 0
     assert st["call.1.utterances"] == 1 and "call.3.ttfa_ms" in st
     assert st["ttfa_ms_p95"] >= st["ttfa_ms_p50"] > 0
+    assert st["vocoder_windows"] >= st["vocoder_runs"] > 0
     s.close()
 
 
@@ -284,3 +285,33 @@ def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPat
     assert opts.max_batch == 8 and opts.max_context is None
     args = cli.build_parser().parse_args(["--model-dir", "m", "--max-concurrent", "3"])
     assert args.max_concurrent == 3
+
+
+def test_vocoder_batcher_decodes_concurrent_windows_in_one_run(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.vocoder_batch import VocoderBatcher
+    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+
+    voc = Vocoder(export_tiny_vocoder(tmp_path / "v.onnx"))
+    rng = np.random.default_rng(0)
+    windows = [rng.integers(0, 2048, size=(29, 16), dtype=np.int64) for _ in range(4)]
+    want = [voc.decode(w) for w in windows]
+    batcher = VocoderBatcher(voc, active=lambda: 4, gather_s=5.0)  # waits for all four
+    got: dict[int, np.ndarray] = {}
+
+    def run(i: int) -> None:
+        got[i] = batcher.run(windows[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert batcher.runs == 1 and batcher.windows == 4
+    for i in range(4):
+        np.testing.assert_allclose(got[i], want[i], atol=1e-5)
+    alone = VocoderBatcher(voc, gather_s=5.0)  # one active utterance: no waiting at all
+    np.testing.assert_allclose(alone.run(windows[0]), want[0], atol=1e-5)
+    odd = rng.integers(0, 2048, size=(7, 16), dtype=np.int64)  # other lengths: own run
+    np.testing.assert_allclose(alone.run(odd), voc.decode(odd), atol=1e-5)

@@ -41,6 +41,7 @@ from engines.qwen3.request import (
     VoiceClonePrompt,
 )
 from engines.qwen3.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
+from engines.qwen3.vocoder_batch import VocoderBatcher
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
@@ -241,6 +242,8 @@ class Qwen3Synthesizer:
         self._stats: dict[str, float] = {}
         self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0, "underruns": 0.0}
         self._calls: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._speaking = 0  # utterances in synthesize() now (the vocoder batcher's hint)
+        self._batcher: VocoderBatcher | None = None
         self._ttfa: list[float] = []
 
     #: The runtime keeps one thread per utterance iterating ``synthesize`` and does not
@@ -304,6 +307,8 @@ class Qwen3Synthesizer:
                 f"qwen3: the model files are a {mode_slug(engine_mode)} checkpoint, not {self.mode}"
             )
         self.paths, self.vocoder, self.engine = paths, vocoder, engine
+        if vocoder is not None:
+            self._batcher = VocoderBatcher(vocoder, active=lambda: self._speaking)
         self._speakers = self._preset_speakers()
         if self.mode == "customvoice":
             if not self._speakers:
@@ -450,8 +455,15 @@ class Qwen3Synthesizer:
             first_chunk_frames=first,
             ramp=ramp(o.chunk_frames) if first is None else None,
             ref_codes=self._ref_codes,  # ICL: the reference frames are the decoder's context
+            runner=self._batcher.run if self._batcher is not None else None,
         )
-        yield from self._run(req, dec, cancel, state)
+        with self._lock:
+            self._speaking += 1
+        try:
+            yield from self._run(req, dec, cancel, state)
+        finally:
+            with self._lock:
+                self._speaking -= 1
 
     def _frames(
         self,
@@ -608,6 +620,9 @@ class Qwen3Synthesizer:
                 out["ttfa_ms_p95"] = float(np.percentile(self._ttfa, 95))
             for cid, c in self._calls.items():
                 out.update({f"call.{cid}.{k}": v for k, v in c.items()})
+            if self._batcher is not None:
+                out["vocoder_runs"] = float(self._batcher.runs)
+                out["vocoder_windows"] = float(self._batcher.windows)
         batch_stats = getattr(self.engine, "batch_stats", None)
         if callable(batch_stats):
             out.update({f"batch_{k}": float(v) for k, v in batch_stats().items()})
