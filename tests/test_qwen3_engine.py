@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths, split_file_names
+from engines.qwen3.request import PresetSpeaker
 from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
 from engines.qwen3.vocoder import SAMPLES_PER_FRAME
 from engines.qwen3.vocoder_fixture import export_tiny_vocoder
@@ -60,6 +61,9 @@ class ScriptedEngine:
             if self.on_frame is not None:
                 self.on_frame(i)
             yield rng.integers(0, 2048, size=16, dtype=np.int64)
+
+    def preset_speakers(self) -> list[Any]:
+        return list(PresetSpeaker)
 
     def generate_codes(self, req: Any, *, cancel: Any = None) -> tuple[np.ndarray, dict]:
         frames = list(self.iter_frames(req, cancel=cancel))
@@ -113,6 +117,15 @@ def test_streams_24k_float32(cv_dir: Path) -> None:
     assert s.status_suffix() == ":MODE:customvoice"
 
 
+def test_default_first_chunks_ramp_up(cv_dir: Path) -> None:
+    s, _ = _synth(cv_dir, chunk_frames=8)
+    s.load()
+    chunks = list(s.synthesize("a" * 20, CallState(1), CancelToken()))
+    sizes = [c.shape[0] // SAMPLES_PER_FRAME for c in chunks]
+    assert sizes == [1, 2, 4, 8, 5]  # ramp 1, 2, 4, then steady 8, then the rest
+    assert s.self_scheduled is True
+
+
 def test_streaming_equals_offline_decode(cv_dir: Path) -> None:
     s, eng = _synth(cv_dir, left_context=40)
     s.load()
@@ -147,7 +160,7 @@ def test_cancel_before_start(cv_dir: Path) -> None:
 
 
 def test_consumer_cancel_between_chunks(cv_dir: Path) -> None:
-    s, eng = _synth(cv_dir, chunk_frames=2)
+    s, eng = _synth(cv_dir, chunk_frames=2, first_chunk_frames=2)
     s.load()
     tok = CancelToken()
     gen = s.synthesize("y" * 50, CallState(1), tok)

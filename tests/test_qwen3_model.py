@@ -8,8 +8,10 @@ import qwen3_helpers as qh
 import torch
 import torch.nn.functional as F
 
-from engines.qwen3.engine import Qwen3TtsEngine, measure_frames_per_second
+from engines.qwen3.engine import Qwen3TtsEngine
+from engines.qwen3.frame_batch import FrameBatch, StepShape
 from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.speed import measure_frames_per_second
 from engines.runtime.synth import SynthesisCancelled
 
 
@@ -55,7 +57,7 @@ def _recompute_codes(eng: Qwen3TtsEngine, h: torch.Tensor, code0: int) -> tuple[
     hiddens = []
     for g in range(m.cp_heads.shape[0]):
         x = torch.stack(seq)
-        out = m.cp.forward(x, 0, m.cp.new_cache(x.shape[0]))[-1]
+        out = m.cp.forward(x[None], torch.zeros(1, dtype=torch.long), m.cp.new_cache(18))[0, -1]
         hiddens.append(out)
         c = int(torch.argmax(F.linear(out, m.cp_heads[g])))
         codes.append(c)
@@ -66,17 +68,15 @@ def _recompute_codes(eng: Qwen3TtsEngine, h: torch.Tensor, code0: int) -> tuple[
 @pytest.mark.parametrize("which", ["split", "equal"])
 def test_cached_predictor_equals_recompute(which: str, request: pytest.FixtureRequest) -> None:
     eng = request.getfixturevalue(which)[0]
-    req = ModeSynthesizeRequest(text="Hello world", speaker=PresetSpeaker.Ryan, greedy=True)
     torch.manual_seed(0)
+    fb = FrameBatch(eng.model, max_batch=3, max_context=16, eos=2150, suppress=eng.suppress)
     with torch.inference_mode():
-        for trial in range(3):
-            h = torch.randn(eng.meta.talker.hidden_size)
-            code0 = 17 + 100 * trial
-            out = torch.empty(15, dtype=torch.long)
-            cache = eng.model.cp.new_cache(17)
-            eng._predict_codes(h, code0, cache, out, req, True, torch.Generator())
-            want, _ = _recompute_codes(eng, h, code0)
-            assert out.tolist() == want
+        fb.h[:] = torch.randn(3, eng.meta.talker.hidden_size)
+        fb.frame_codes(3, StepShape(0, 0, False, False), None)  # all greedy: the defaults
+        for row in range(3):
+            code0 = int(fb.codes[row, 0])
+            want, _ = _recompute_codes(eng, fb.h[row], code0)
+            assert fb.codes[row, 1:].tolist() == want
 
 
 @pytest.mark.parametrize("which", ["split", "equal"])
@@ -85,13 +85,63 @@ def test_cached_talker_equals_recompute(which: str, request: pytest.FixtureReque
     t = eng.model.talker
     torch.manual_seed(1)
     x = torch.randn(9, eng.meta.talker.hidden_size)
+
+    def at(p: int) -> torch.Tensor:
+        return torch.tensor([p])
+
     with torch.inference_mode():
-        full = t.forward(x, 0, t.new_cache(9))
-        cache = t.new_cache(9)
-        part = [t.forward(x[:5], 0, cache)]
-        part += [t.forward(x[i : i + 1], i, cache) for i in range(5, 7)]
-        part.append(t.forward(x[7:9], 7, cache))  # multi-row chunk at an offset (masked)
+        full = t.forward(x[None], at(0), t.new_cache(10))[0]
+        cache = t.new_cache(10)
+        part = [t.forward(x[None, :5], at(0), cache)[0]]
+        part += [t.forward(x[None, i : i + 1], at(i), cache)[0] for i in range(5, 7)]
+        part.append(t.forward(x[None, 7:9], at(7), cache)[0])  # multi-row chunk at an offset
     np.testing.assert_allclose(torch.cat(part).numpy(), full.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["split", "equal"])
+def test_batched_rows_at_their_own_positions_equal_single_rows(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """Three cache rows holding prefixes of different lengths, stepped together."""
+    eng = request.getfixturevalue(which)[0]
+    t = eng.model.talker
+    torch.manual_seed(2)
+    xs = [torch.randn(n, eng.meta.talker.hidden_size) for n in (3, 6, 1)]
+    step = torch.randn(3, 1, eng.meta.talker.hidden_size)
+    with torch.inference_mode():
+        batch = t.new_cache(12, batch=3)
+        for b, x in enumerate(xs):  # each row's prefill alone, in its own cache row
+            t.forward(x[None], torch.tensor([0]), batch.rows(b, b + 1))
+        pos = torch.tensor([3, 6, 1])
+        got = t.forward(step, pos, batch)[:, 0]
+        for b, x in enumerate(xs):
+            alone = t.new_cache(12)
+            want = t.forward(torch.cat((x, step[b]))[None], torch.tensor([0]), alone)[0, -1]
+            np.testing.assert_allclose(got[b].numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+        # a padding row (valid False) writes only to the scratch position
+        before = batch.kv.clone()
+        valid = torch.tensor([True, False, True])
+        t.forward(step, pos + 1, batch, lengths=valid.long())
+        np.testing.assert_array_equal(batch.kv[:, 1, :11].numpy(), before[:, 1, :11].numpy())
+        # prompts of different lengths prefilled in one padded call into chosen cache rows
+        padded = torch.zeros(2, 6, eng.meta.talker.hidden_size)
+        padded[0, :3], padded[1] = xs[0], xs[1]
+        other = t.new_cache(12, batch=4)
+        out = t.forward(
+            padded,
+            torch.tensor([0, 0]),
+            other,
+            lengths=torch.tensor([3, 6]),
+            rows=torch.tensor([2, 0]),
+        )
+        np.testing.assert_allclose(
+            other.kv[:, 2, :3].numpy(), batch.kv[:, 0, :3].numpy(), atol=1e-5
+        )
+        np.testing.assert_allclose(
+            other.kv[:, 0, :6].numpy(), batch.kv[:, 1, :6].numpy(), atol=1e-5
+        )
+        alone = t.forward(xs[0][None], torch.tensor([0]), t.new_cache(12))[0, -1]
+        np.testing.assert_allclose(out[0, 2].numpy(), alone.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_sampling_is_seedable_and_greedy_is_deterministic(split) -> None:
@@ -158,13 +208,13 @@ def test_quantized_exports_run(tmp_path, dtype: str) -> None:
 def test_eos_stops_and_is_not_emitted(split) -> None:
     eng = split[0]
     # make EOS the only allowed talker output after the first two frames
-    saved = eng._suppress.clone()
+    saved = eng.suppress.clone()
     try:
-        eng._suppress[:] = float("-inf")
-        eng._suppress[eng.meta.codec.eos] = 0.0
+        eng.suppress[:] = float("-inf")
+        eng.suppress[eng.meta.codec.eos] = 0.0
         codes, _ = eng.generate_codes(
             ModeSynthesizeRequest(text="Hello", speaker="ryan", greedy=True, max_frames=10)
         )
     finally:
-        eng._suppress.copy_(saved)
+        eng.suppress.copy_(saved)
     assert codes.shape == (2, 16) and (codes[:, 0] != eng.meta.codec.eos).all()

@@ -140,3 +140,93 @@ def test_regenerated_official_outputs_match_golden(tmp_path: Path) -> None:
         assert case["name"] == ref["name"]
         assert case["input_ids"] == ref["input_ids"]
         assert case["codes"] == ref["codes"]
+
+
+# -- batched decoding: every row of a batch gives the codes it gives alone ----------------
+
+
+def _golden(case: dict[str, Any], frames: int | None = None) -> np.ndarray:
+    want = np.asarray(case["codes"], dtype=np.int64)
+    return want if frames is None else want[:frames]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(MODES))
+def test_batched_greedy_codes_equal_single_request_codes(
+    engines: dict[str, Qwen3TtsEngine], kind: str
+) -> None:
+    """All fixture cases of one checkpoint in one batch (streaming and non-streaming,
+    speakers, dialects, instruct and none, ICL and x-vector), plus truncated copies so
+    that rows leave at different frames: each row equals the golden (single) codes."""
+    eng = engines[kind]
+    cases = [c for c in CASES if c["model"] == kind]
+    width = eng.meta.talker.hidden_size
+    reqs: list[tuple[str, ModeSynthesizeRequest]] = []
+    want: dict[str, np.ndarray] = {}
+    for i, case in enumerate(cases):
+        reqs.append((case["name"], request_for(case, width)))
+        want[case["name"]] = _golden(case)
+        cut = 3 + 4 * i  # rows finishing at frames 3, 7, 11, ...
+        short = request_for({**case, "max_frames": cut}, width)
+        reqs.append((f"{case['name']}-{cut}", short))
+        want[f"{case['name']}-{cut}"] = _golden(case, cut)
+    saved = eng.batching
+    eng.close()
+    eng.batching = type(saved)(max_batch=len(reqs), max_context=256)
+    try:
+        results = eng.generate_batch(reqs)
+        stats = eng.batch_stats()
+    finally:
+        eng.close()
+        eng.batching = saved
+    for res in results:
+        assert res.error is None, res.error
+        assert res.codes is not None
+        np.testing.assert_array_equal(res.codes, want[res.name], err_msg=res.name)
+    # they really ran together (one prefill joins per frame step, short rows leave early)
+    assert stats["batch_size_max"] > len(reqs) // 2
+    assert stats["batch_size_mean"] > 1
+
+
+@pytest.mark.slow
+def test_newcomer_joins_midway_and_cancel_frees_its_row(
+    engines: dict[str, Qwen3TtsEngine],
+) -> None:
+    """A second request joins while the first is 5 frames in; a third is cancelled
+    after 2 frames (barge-in): the first two still equal their golden codes."""
+    eng = engines["custom_voice"]
+    width = eng.meta.talker.hidden_size
+    a_case, b_case = CASES[0], CASES[1]
+    a = eng.submit(request_for(a_case, width), name="a")
+    got_a = [next(a) for _ in range(5)]
+    stop = [False]
+    c = eng.submit(request_for(CASES[2], width), name="c", cancel=lambda: stop[0])
+    b = eng.submit(request_for(b_case, width), name="b")
+    got_c = [next(c), next(c)]
+    stop[0] = True
+    from engines.runtime.synth import SynthesisCancelled
+
+    with pytest.raises(SynthesisCancelled):
+        for _ in range(100):
+            next(c)
+    got_a += list(a)
+    got_b = list(b)
+    np.testing.assert_array_equal(np.stack(got_a), _golden(a_case))
+    np.testing.assert_array_equal(np.stack(got_b), _golden(b_case))
+    np.testing.assert_array_equal(np.stack(got_c), _golden(CASES[2], 2))
+    st = eng.batch_stats()
+    assert st["cancelled"] >= 1 and st["active"] == 0
+
+
+@pytest.mark.slow
+def test_request_that_does_not_fit_fails_alone(engines: dict[str, Qwen3TtsEngine]) -> None:
+    eng = engines["custom_voice"]
+    width = eng.meta.talker.hidden_size
+    ok = request_for(CASES[0], width)
+    too_long = request_for({**CASES[0], "max_frames": eng.batching.max_context}, width)
+    wrong_mode = request_for(CASES[3], width)  # a voice_design request
+    res = eng.generate_batch([("ok", ok), ("long", too_long), ("vd", wrong_mode)])
+    assert res[0].error is None
+    np.testing.assert_array_equal(res[0].codes, _golden(CASES[0]))
+    assert res[1].error is not None and "long" in res[1].error and "KV cache" in res[1].error
+    assert res[2].error is not None and "vd" in res[2].error and "mode" in res[2].error

@@ -2,11 +2,17 @@
 
 The model is loaded (and every file checked) before the engine docks: a model
 it cannot run makes the command fail with one clear line instead of docking.
+
+Concurrent calls are batched by the engine itself (``--max-batch`` rows share
+every frame step; more utterances wait in the scheduler's deadline-ordered
+queue), so the runtime's ``--max-concurrent`` defaults to
+``QWEN3_MAX_CONCURRENT`` here instead of serialising calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from engines.qwen3.paths import MODES
@@ -18,6 +24,11 @@ from engines.qwen3.synthesizer import (
 )
 from engines.runtime.cli import text_options
 from svc.cli import int_in
+
+#: ``--max-concurrent`` default for Qwen3: the runtime lets this many utterances run
+#: their synthesize() threads at once; the batch scheduler admits ``--max-batch`` of
+#: them into the batch and queues the rest by deadline.
+QWEN3_MAX_CONCURRENT = 256
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +94,19 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--non-streaming", action="store_true", help="feed all text before audio")
     v.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     v.add_argument("--seed", type=int, help="sampling seed (default: a random one)")
+    b = p.add_argument_group("batching")
+    b.add_argument(
+        "--max-batch",
+        type=int_in(1, 1024, "--max-batch"),
+        default=None,
+        help="utterances decoded together (static KV cache rows; default: 32 on cuda, 4 on cpu)",
+    )
+    b.add_argument(
+        "--max-context",
+        type=int_in(16, 1 << 20, "--max-context"),
+        default=None,
+        help="KV cache positions per row: prompt rows + frames (default: 4096 cuda, 2560 cpu)",
+    )
     v.add_argument(
         "--max-frames",
         type=int,  # range checked by options_from_args: one line, like the other errors
@@ -129,6 +153,8 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         non_streaming=args.non_streaming,
         max_frames=args.max_frames,
         text=text_options(args),
+        max_batch=getattr(args, "max_batch", None),
+        max_context=getattr(args, "max_context", None),
         **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
         **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
         **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),
@@ -152,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-chunk-frames",
         type=int_in(1, None, "--first-chunk-frames"),
         default=None,
-        help="frames in the first chunk (default: --chunk-frames)",
+        help="frames in the first chunk (default: a ramp 1, 2, 4, ... up to --chunk-frames)",
     )
     s.add_argument(
         "--left-context",
@@ -162,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmarks/qwen3_vocoder_context.py measures the trade-off)",
     )
     add_vocoder_threads(s)
+    if "TTSDOCK_MAX_CONCURRENT" not in os.environ:
+        p.set_defaults(max_concurrent=QWEN3_MAX_CONCURRENT)
     return p
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from engines.qwen3 import gguf_keys as keys
 from engines.qwen3.errors import ConversionError
 
 ARCH = "qwen3-tts"
@@ -189,81 +190,27 @@ def _quantize(arr: npt.NDArray[np.float32], dtype: str) -> tuple[np.ndarray, Any
 
 
 def _talker_metadata(cfg: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Talker scalars from the one key table (``gguf_keys``), then the key families."""
     tc = cfg.get("talker_config") or {}
-    out: list[tuple[str, str, Any]] = []
-
-    def u32(key: str, v: Any) -> None:
-        if v is not None:
-            out.append(("u32", key, int(v)))
-
-    def f32(key: str, v: Any) -> None:
-        if v is not None:
-            out.append(("f32", key, float(v)))
-
-    t = "qwen3-tts.talker."
-    u32(t + "embedding_length", tc.get("hidden_size"))
-    u32(t + "block_count", tc.get("num_hidden_layers"))
-    u32(t + "feed_forward_length", tc.get("intermediate_size"))
-    u32(t + "attention.head_count", tc.get("num_attention_heads"))
-    u32(t + "attention.head_count_kv", tc.get("num_key_value_heads"))
-    head_dim = tc.get("head_dim") or (
-        tc["hidden_size"] // tc["num_attention_heads"] if "hidden_size" in tc else None
-    )
-    u32(t + "attention.key_length", head_dim)
-    u32(t + "vocab_size", tc.get("vocab_size"))
-    u32(t + "text_vocab_size", tc.get("text_vocab_size"))
-    u32(t + "text_hidden_size", tc.get("text_hidden_size"))
-    u32(t + "context_length", tc.get("max_position_embeddings"))
-    f32(t + "attention.layer_norm_rms_epsilon", tc.get("rms_norm_eps", 1e-6))
-    f32(t + "rope.freq_base", tc.get("rope_theta", 1_000_000.0))
-    u32("qwen3-tts.num_code_groups", tc.get("num_code_groups", 16))
-    for k in ("pad", "bos", "think", "nothink", "think_bos", "think_eos"):
-        u32(f"qwen3-tts.codec.{k}_id", tc.get(f"codec_{k}_id"))
-    u32("qwen3-tts.codec.eos_id", tc.get("codec_eos_token_id"))
-    u32("qwen3-tts.text.im_start_id", cfg.get("im_start_token_id"))
-    u32("qwen3-tts.text.im_end_id", cfg.get("im_end_token_id"))
-    u32("qwen3-tts.text.tts_pad_id", cfg.get("tts_pad_token_id"))
-    u32("qwen3-tts.text.tts_bos_id", cfg.get("tts_bos_token_id"))
-    u32("qwen3-tts.text.tts_eos_id", cfg.get("tts_eos_token_id"))
-    u32("qwen3-tts.text.assistant_id", cfg.get("assistant_token_id"))
+    out = keys.write_items(cfg, (keys.TALKER, keys.CODEC, keys.TEXT))
     for lang, lid in sorted((tc.get("codec_language_id") or {}).items()):
-        u32(f"{t}codec_language_id.{lang.lower()}", lid)
+        out.append(("u32", f"{keys.LANGUAGE_PREFIX}{lang.lower()}", int(lid)))
     for spk, sid in sorted((tc.get("spk_id") or {}).items()):
         if isinstance(sid, list):
             if len(sid) != 1:
                 raise ConversionError(f"config.json: spk_id[{spk!r}] must be one id, got {sid!r}")
             sid = sid[0]
-        u32(f"{t}spk_id.{spk.lower()}", sid)
+        out.append(("u32", f"{keys.SPEAKER_PREFIX}{spk.lower()}", int(sid)))
     for spk, dia in sorted((tc.get("spk_is_dialect") or {}).items()):
         if isinstance(dia, str) and dia:
-            out.append(("str", f"{t}spk_is_dialect.{spk.lower()}", dia.lower()))
+            out.append(("str", f"{keys.DIALECT_PREFIX}{spk.lower()}", dia.lower()))
         else:
-            out.append(("bool", f"{t}spk_is_dialect.{spk.lower()}", False))
+            out.append(("bool", f"{keys.DIALECT_PREFIX}{spk.lower()}", False))
     return out
 
 
 def _predictor_metadata(cfg: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    cp = (cfg.get("talker_config") or {}).get("code_predictor_config") or {}
-    p = "qwen3-tts.code_pred."
-    out: list[tuple[str, str, Any]] = []
-    pairs = {
-        "embedding_length": cp.get("hidden_size"),
-        "layer_count": cp.get("num_hidden_layers"),
-        "feed_forward_length": cp.get("intermediate_size"),
-        "attention.head_count": cp.get("num_attention_heads"),
-        "attention.head_count_kv": cp.get("num_key_value_heads"),
-        "attention.key_length": cp.get("head_dim"),
-        "vocab_size": cp.get("vocab_size"),
-        "context_length": cp.get("max_position_embeddings"),
-    }
-    for k, v in pairs.items():
-        if v is not None:
-            out.append(("u32", p + k, int(v)))
-    if cp.get("rms_norm_eps") is not None:
-        out.append(("f32", p + "attention.layer_norm_rms_epsilon", float(cp["rms_norm_eps"])))
-    if cp.get("rope_theta") is not None:
-        out.append(("f32", p + "rope.freq_base", float(cp["rope_theta"])))
-    return out
+    return keys.write_items(cfg, (keys.PREDICTOR,))
 
 
 def _add_kv(w: Any, items: list[tuple[str, str, Any]]) -> None:
@@ -319,8 +266,8 @@ def convert(
     paths = OutputFiles(out / names[0], out / names[1], out / names[2])
 
     identity = [
-        ("str", "qwen3-tts.tts_model_type", _type_from_slug(mode_slug)),
-        ("str", "qwen3-tts.tts_model_size", size_slug),
+        ("str", keys.MODEL_TYPE_KEYS[0], _type_from_slug(mode_slug)),
+        ("str", keys.MODEL_SIZE_KEYS[0], size_slug),
     ]
     tw = gguf.GGUFWriter(str(paths.talker), arch=ARCH)
     pw = tw if bundled else gguf.GGUFWriter(str(paths.code_predictor), arch=ARCH)

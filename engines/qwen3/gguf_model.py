@@ -12,10 +12,9 @@ Every problem raises ``GgufError`` naming the file and the reason.
 
 from __future__ import annotations
 
-import re
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,15 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from engines.qwen3 import gguf_keys as keys
 from engines.qwen3.errors import GgufError
 
 F32Array = npt.NDArray[np.float32]
 
 ARCH = "qwen3-tts"
-NS = "qwen3-tts."
-TALKER_NS = "qwen3-tts.talker."
-PRED_NAMESPACES = ("qwen3-tts.code_pred.", "qwen3-tts.code_predictor.")
+NS = keys.NS
+TALKER_NS = keys.TALKER_NS
+PRED_NAMESPACES = keys.PRED_NAMESPACES
 
 LAYER_SUFFIXES = (
     "attn_norm",
@@ -56,25 +56,9 @@ PROJECTION_PREFIXES = (
     "code_pred.small_to_mtp",
 )
 
-#: Real 12 Hz codec control ids (brief §2.1); used when the metadata lacks them.
-DEFAULT_CODEC_IDS = {
-    "pad_id": 2148,
-    "bos_id": 2149,
-    "eos_id": 2150,
-    "think_id": 2154,
-    "nothink_id": 2155,
-    "think_bos_id": 2156,
-    "think_eos_id": 2157,
-}
-DEFAULT_TEXT_IDS = {
-    "im_start_id": 151644,
-    "im_end_id": 151645,
-    "tts_pad_id": 151671,
-    "tts_bos_id": 151672,
-    "tts_eos_id": 151673,
-    "assistant_id": 77091,
-    "newline_id": 198,
-}
+#: Real 12 Hz codec control ids (brief §2.1) and text ids; used when the metadata lacks them.
+DEFAULT_CODEC_IDS = {f"{k.field}_id": k.default for k in keys.CODEC.keys}
+DEFAULT_TEXT_IDS = {f"{k.field}_id": k.default for k in keys.TEXT.keys}
 
 _SIZE_ALIASES = {"0.6b": "0.6b", "0b6": "0.6b", "1.7b": "1.7b", "1b7": "1.7b"}
 _TYPE_ALIASES = {
@@ -409,29 +393,26 @@ def _as_int(path: Path, key: str, v: Any) -> int:
     return int(v)
 
 
-def _as_float(path: Path, key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise GgufError(path, f"metadata {key!r} must be a number, got {v!r}")
-    return float(v)
+class _Facts:
+    """Tensor shapes and names of a bundle, for metadata derivations (``gguf_keys``)."""
 
+    def __init__(self, b: GgufBundle) -> None:
+        self.b = b
 
-def _layer_count(b: GgufBundle, prefix: str) -> int | None:
-    pat = re.compile(re.escape(prefix) + r"\.blk\.(\d+)\.")
-    idx = {int(m.group(1)) for n in b.tensors if (m := pat.match(n))}
-    return max(idx) + 1 if idx else None
+    def ggml_shape(self, name: str) -> tuple[int, ...] | None:
+        t = self.b.tensor(name)
+        return t.ggml_shape if t is not None else None
 
-
-def _derive(
-    b: GgufBundle, path: Path, what: str, tensor: str, fn: Callable[[TensorRef], int]
-) -> int:
-    t = b.tensor(tensor)
-    if t is None:
-        raise GgufError(path, f"metadata for {what} is missing and tensor {tensor!r} is absent")
-    return fn(t)
+    def names(self) -> Sequence[str]:
+        return list(self.b.tensors)
 
 
 def read_metadata(bundle: GgufBundle) -> ModelMetadata:
-    """Parse the QTS metadata of a talker/predictor pair (no tensor data is touched)."""
+    """Parse the QTS metadata of a talker/predictor pair (no tensor data is touched).
+
+    Scalars come from the one key table of ``gguf_keys`` (which the converter writes
+    from); the language, speaker and dialect key families are read here.
+    """
     b = bundle
     tpath, ppath = b.talker.path, b.predictor.path
 
@@ -442,220 +423,28 @@ def read_metadata(bundle: GgufBundle) -> ModelMetadata:
                 return v
         return None
 
-    def t_int(name: str, derive: Callable[[], int], *extra: str) -> int:
-        keys = (TALKER_NS + name, *extra, NS + name)
-        v = tget(*keys)
-        return derive() if v is None else _as_int(tpath, keys[0], v)
+    def lookup(key: str, prefer_predictor: bool) -> Any:
+        return b.get(key, prefer_predictor=prefer_predictor)
 
-    def t_float(name: str, default: float) -> float:
-        v = tget(TALKER_NS + name, NS + name)
-        return default if v is None else _as_float(tpath, TALKER_NS + name, v)
+    facts = _Facts(b)
+    done: dict[str, dict[str, Any]] = {}
+    for group in (keys.TALKER, keys.PREDICTOR, keys.CODEC, keys.TEXT):
+        try:
+            done[group.name] = keys.read_group(group, lookup, facts, done)
+        except keys.MetaError as exc:
+            raise GgufError(ppath if exc.predictor else tpath, exc.reason) from None
+    talker = TalkerConfig(**done["talker"])
+    predictor = CodePredictorConfig(**done["predictor"])
+    codec = CodecIds(**done["codec"])
+    text = TextIds(**done["text"])
 
-    width = t_int(
-        "embedding_length",
-        lambda: _derive(
-            b, tpath, "talker width", "talker.output_norm.weight", lambda t: t.ggml_shape[0]
-        ),
-        TALKER_NS + "hidden_size",
-    )
-    n_layers = t_int(
-        "block_count",
-        lambda: (
-            _layer_count(b, "talker")
-            or _missing(tpath, "talker block_count (and no talker.blk.* tensors)")
-        ),
-    )
-    head_dim = t_int(
-        "attention.key_length",
-        lambda: (
-            b.tensor("talker.blk.0.attn_q_norm.weight").ggml_shape[0]  # type: ignore[union-attr]
-            if b.tensor("talker.blk.0.attn_q_norm.weight")
-            else 128
-        ),
-    )
-    n_heads = t_int(
-        "attention.head_count",
-        lambda: _derive(
-            b,
-            tpath,
-            "talker head count",
-            "talker.blk.0.attn_q.weight",
-            lambda t: t.ggml_shape[1] // head_dim,
-        ),
-    )
-    n_kv = t_int(
-        "attention.head_count_kv",
-        lambda: _derive(
-            b,
-            tpath,
-            "talker kv head count",
-            "talker.blk.0.attn_k.weight",
-            lambda t: t.ggml_shape[1] // head_dim,
-        ),
-    )
-    ffn = t_int(
-        "feed_forward_length",
-        lambda: _derive(
-            b, tpath, "talker FFN width", "talker.blk.0.ffn_gate.weight", lambda t: t.ggml_shape[1]
-        ),
-    )
-    vocab = t_int(
-        "vocab_size",
-        lambda: _derive(
-            b, tpath, "codec vocab", "talker.codec_embd.weight", lambda t: t.ggml_shape[1]
-        ),
-    )
-    text_vocab = t_int(
-        "text_vocab_size",
-        lambda: _derive(
-            b, tpath, "text vocab", "talker.text_embd.weight", lambda t: t.ggml_shape[1]
-        ),
-    )
-    text_hidden = t_int(
-        "text_hidden_size",
-        lambda: _derive(
-            b, tpath, "text width", "talker.text_embd.weight", lambda t: t.ggml_shape[0]
-        ),
-    )
-    n_lm_heads = sum(1 for n in b.tensors if re.match(r"code_pred\.lm_head\.\d+\.weight$", n))
-    ncg_v = tget(NS + "num_code_groups", TALKER_NS + "num_code_groups")
-    num_code_groups = (
-        _as_int(tpath, NS + "num_code_groups", ncg_v)
-        if ncg_v is not None
-        else (n_lm_heads + 1 if n_lm_heads else 16)
-    )
-    talker = TalkerConfig(
-        hidden_size=width,
-        n_layers=n_layers,
-        n_attention_heads=n_heads,
-        n_key_value_heads=n_kv,
-        head_dim=head_dim,
-        intermediate_size=ffn,
-        rms_norm_eps=t_float("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=t_float("rope.freq_base", 1_000_000.0),
-        vocab_size=vocab,
-        text_vocab_size=text_vocab,
-        text_hidden_size=text_hidden,
-        num_code_groups=num_code_groups,
-        context_length=t_int("context_length", lambda: 32768),
-    )
-
-    def p_get(*names: str) -> Any:
-        for ns in PRED_NAMESPACES:
-            for n in names:
-                v = b.get(ns + n, prefer_predictor=True)
-                if v is not None:
-                    return v
-        return None
-
-    def p_int(names: tuple[str, ...], derive: Callable[[], int]) -> int:
-        v = p_get(*names)
-        return derive() if v is None else _as_int(ppath, PRED_NAMESPACES[0] + names[0], v)
-
-    def p_float(name: str, inherit: float) -> float:
-        v = p_get(name)
-        return inherit if v is None else _as_float(ppath, PRED_NAMESPACES[0] + name, v)
-
-    p_width = p_int(
-        ("embedding_length", "hidden_size"),
-        lambda: _derive(
-            b, ppath, "predictor width", "code_pred.output_norm.weight", lambda t: t.ggml_shape[0]
-        ),
-    )
-    p_head_dim = p_int(
-        ("attention.key_length",),
-        lambda: (
-            b.tensor("code_pred.blk.0.attn_q_norm.weight").ggml_shape[0]  # type: ignore[union-attr]
-            if b.tensor("code_pred.blk.0.attn_q_norm.weight")
-            else head_dim
-        ),
-    )
-    predictor = CodePredictorConfig(
-        hidden_size=p_width,
-        n_layers=p_int(
-            ("layer_count", "block_count"),
-            lambda: (
-                _layer_count(b, "code_pred")
-                or _missing(ppath, "predictor layer_count (and no code_pred.blk.* tensors)")
-            ),
-        ),
-        n_attention_heads=p_int(
-            ("attention.head_count",),
-            lambda: _derive(
-                b,
-                ppath,
-                "predictor head count",
-                "code_pred.blk.0.attn_q.weight",
-                lambda t: t.ggml_shape[1] // p_head_dim,
-            ),
-        ),
-        n_key_value_heads=p_int(
-            ("attention.head_count_kv",),
-            lambda: _derive(
-                b,
-                ppath,
-                "predictor kv head count",
-                "code_pred.blk.0.attn_k.weight",
-                lambda t: t.ggml_shape[1] // p_head_dim,
-            ),
-        ),
-        intermediate_size=p_int(
-            ("feed_forward_length",),
-            lambda: _derive(
-                b,
-                ppath,
-                "predictor FFN width",
-                "code_pred.blk.0.ffn_gate.weight",
-                lambda t: t.ggml_shape[1],
-            ),
-        ),
-        head_dim=p_head_dim,
-        rms_norm_eps=p_float("attention.layer_norm_rms_epsilon", talker.rms_norm_eps),
-        rope_theta=p_float("rope.freq_base", talker.rope_theta),
-        vocab_size=p_int(
-            ("vocab_size",),
-            lambda: (
-                b.tensor("code_pred.lm_head.0.weight").ggml_shape[1]  # type: ignore[union-attr]
-                if b.tensor("code_pred.lm_head.0.weight")
-                else 2048
-            ),
-        ),
-    )
-
-    codec_vals = {}
-    for k, default in DEFAULT_CODEC_IDS.items():
-        v = tget(NS + "codec." + k, TALKER_NS + "codec_" + k)
-        codec_vals[k] = default if v is None else _as_int(tpath, NS + "codec." + k, v)
-    codec = CodecIds(
-        pad=codec_vals["pad_id"],
-        bos=codec_vals["bos_id"],
-        eos=codec_vals["eos_id"],
-        think=codec_vals["think_id"],
-        nothink=codec_vals["nothink_id"],
-        think_bos=codec_vals["think_bos_id"],
-        think_eos=codec_vals["think_eos_id"],
-    )
-    text_vals = {}
-    for k, default in DEFAULT_TEXT_IDS.items():
-        v = tget(NS + "text." + k)
-        text_vals[k] = default if v is None else _as_int(tpath, NS + "text." + k, v)
-    text = TextIds(
-        im_start=text_vals["im_start_id"],
-        im_end=text_vals["im_end_id"],
-        tts_pad=text_vals["tts_pad_id"],
-        tts_bos=text_vals["tts_bos_id"],
-        tts_eos=text_vals["tts_eos_id"],
-        assistant=text_vals["assistant_id"],
-        newline=text_vals["newline_id"],
-    )
-
-    languages = _named_ints(b, TALKER_NS + "codec_language_id.", tpath)
+    languages = _named_ints(b, keys.LANGUAGE_PREFIX, tpath)
     if not languages:
         languages = _paired_arrays(b, NS + "codec.language_names", NS + "codec.language_ids", tpath)
-    speakers = _named_ints(b, TALKER_NS + "spk_id.", tpath)
+    speakers = _named_ints(b, keys.SPEAKER_PREFIX, tpath)
     dialects: dict[str, str] = {}
-    for key in b.keys_with_prefix(TALKER_NS + "spk_is_dialect."):
-        name = key[len(TALKER_NS + "spk_is_dialect.") :].lower()
+    for key in b.keys_with_prefix(keys.DIALECT_PREFIX):
+        name = key[len(keys.DIALECT_PREFIX) :].lower()
         v = b.get(key)
         if isinstance(v, str) and v and v.lower() != "false":
             dialects[name] = v.lower()
@@ -689,8 +478,8 @@ def read_metadata(bundle: GgufBundle) -> ModelMetadata:
                 f"{TALKER_NS}codec_language_id.{dialect} entry",
             )
 
-    mtype = tget(NS + "tts_model_type", NS + "model_type")
-    msize = tget(NS + "tts_model_size", NS + "model_size")
+    mtype = tget(*keys.MODEL_TYPE_KEYS)
+    msize = tget(*keys.MODEL_SIZE_KEYS)
     model_type = None
     if isinstance(mtype, str) and mtype:
         model_type = _TYPE_ALIASES.get(mtype.strip().lower().replace("-", "_"))
@@ -714,10 +503,6 @@ def read_metadata(bundle: GgufBundle) -> ModelMetadata:
         model_type=model_type,
         model_size=model_size,
     )
-
-
-def _missing(path: Path, what: str) -> int:
-    raise GgufError(path, f"metadata for {what} is missing")
 
 
 def _named_ints(b: GgufBundle, prefix: str, path: Path) -> dict[str, int]:

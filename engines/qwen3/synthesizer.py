@@ -7,26 +7,42 @@ completed chunk is yielded at once, so the first audio leaves after
 ``first_chunk_frames`` frames. The cancel token is checked after every frame
 (and handed to the engine, which checks it inside its loop).
 
-Model access is serialised with a lock: the engine keeps one KV cache, so two
-calls synthesising at the same time take turns per utterance.
+Concurrent utterances are not serialised: the engine's batch scheduler runs
+every active utterance (any call) as one row of each frame step, so
+``self_scheduled`` is True: the runtime gives each utterance its own thread
+that just iterates ``synthesize`` (which blocks on the scheduler's frames).
+Admission is deadline-aware: the call's ``CallState.playback.ahead_s()`` (when
+the runtime provides it; else this file's own estimate from the audio handed
+out since the first chunk) tells the scheduler which waiting utterance is
+closest to running dry. Per utterance the stats record TTFA, queue wait and
+underruns (audio handed out later than a real-time listener would play it).
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from engines.qwen3.clone_voices import ClonePromptVoices
+from engines.qwen3.errors import RequestError
 from engines.qwen3.paths import ModelPathError, ModeModelPaths, mode_slug
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME, Vocoder, VocoderError
+from engines.qwen3.request import (
+    ModeSynthesizeRequest,
+    PresetSpeaker,
+    QtsMode,
+    VoiceClonePrompt,
+)
+from engines.qwen3.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
+from engines.qwen3.vocoder_batch import VocoderBatcher
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
@@ -38,6 +54,9 @@ from engines.runtime.synth import (
 )
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
+if TYPE_CHECKING:
+    from engines.qwen3.engine import BatchResult
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_VOICE = "default"
@@ -48,14 +67,49 @@ MAX_FRAMES_CAP = 1500
 DEFAULT_LEFT_CONTEXT = 72
 
 
+#: Per-call stats kept for this many recent calls (STATS ``synth.call.<id>.*``).
+STATS_CALLS = 16
+
+
 class FrameEngine(Protocol):
-    """What the synthesiser needs from ``Qwen3TtsEngine``."""
+    """What the synthesiser needs from ``Qwen3TtsEngine`` (tests script their own)."""
 
     timings: dict[str, float]
 
+    @property
+    def mode(self) -> QtsMode | str: ...
+
     def iter_frames(
-        self, req: Any, *, cancel: Callable[[], bool] | None = None
-    ) -> Iterator[np.ndarray]: ...
+        self, req: ModeSynthesizeRequest, *, cancel: Callable[[], bool] | None = None
+    ) -> Iterator[npt.NDArray[np.int64]]: ...
+
+    def generate_codes(
+        self, req: ModeSynthesizeRequest, *, cancel: Callable[[], bool] | None = None
+    ) -> tuple[npt.NDArray[np.int64], dict[str, float]]: ...
+
+    def preset_speakers(self) -> list[PresetSpeaker]: ...
+
+
+class BatchingEngine(FrameEngine, Protocol):
+    """A ``FrameEngine`` with the batch scheduler's extras (``Qwen3TtsEngine``)."""
+
+    def submit(
+        self,
+        req: ModeSynthesizeRequest,
+        *,
+        cancel: Callable[[], bool] | None = None,
+        urgency: Callable[[], float] | None = None,
+        name: str = "",
+        on_end: Callable[[dict[str, float]], None] | None = None,
+    ) -> Iterator[npt.NDArray[np.int64]]: ...
+
+    def batch_stats(self) -> dict[str, float]: ...
+
+    def generate_batch(
+        self, reqs: Sequence[tuple[str, ModeSynthesizeRequest]]
+    ) -> list[BatchResult]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -81,7 +135,7 @@ class Qwen3Options:
     dtype: str = "float32"
     vocoder_threads: int | None = None
     chunk_frames: int = 4
-    first_chunk_frames: int | None = None
+    first_chunk_frames: int | None = None  # None: the ramp 1, 2, 4, ... up to chunk_frames
     left_context: int = DEFAULT_LEFT_CONTEXT
     max_frames: int = MAX_FRAMES_CAP
     greedy: bool = False
@@ -90,6 +144,8 @@ class Qwen3Options:
     sampling: dict[str, float] = field(default_factory=dict)
     warm_up_text: str = "Hello."
     text: TextOptions = field(default_factory=TextOptions)  # --no-normalize, --lexicon
+    max_batch: int | None = None  # None: the device default (BatchOptions.for_device)
+    max_context: int | None = None
 
     def model_paths(self) -> ModeModelPaths:
         """Resolve the four model files (explicit paths win over the directory search)."""
@@ -110,21 +166,63 @@ class Qwen3Options:
         )
 
 
-EngineLoader = Callable[[ModeModelPaths, Qwen3Options], Any]
+EngineLoader = Callable[[ModeModelPaths, Qwen3Options], FrameEngine]
 
 
-def _default_engine_loader(paths: ModeModelPaths, opts: Qwen3Options) -> Any:
-    engine_mod = importlib.import_module("engines.qwen3.engine")
-    mode = _qts_mode(_engine_module(), opts.mode)
-    return engine_mod.Qwen3TtsEngine.load_mode(paths, mode, device=opts.device, dtype=opts.dtype)
+def _default_engine_loader(paths: ModeModelPaths, opts: Qwen3Options) -> FrameEngine:
+    import torch  # the model stack loads only here: option checks stay light
+
+    from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
+    from engines.qwen3.model import resolve_device
+
+    base = BatchOptions.for_device(resolve_device(opts.device))
+    batching = BatchOptions(
+        max_batch=opts.max_batch or base.max_batch,
+        max_context=opts.max_context or base.max_context,
+        cuda_graphs=base.cuda_graphs,
+    )
+    with torch.inference_mode():
+        return Qwen3TtsEngine.load_mode(
+            paths, _qts_mode(opts.mode), device=opts.device, dtype=opts.dtype, batching=batching
+        )
 
 
-def _qts_mode(engine_mod: Any, mode: str) -> Any:
-    slug = mode_slug(mode)
-    for m in engine_mod.QtsMode:
-        if mode_slug(m) == slug:
-            return m
-    raise SynthesisError(f"qwen3: mode {mode!r} not supported by the engine")
+def _qts_mode(mode: str) -> QtsMode:
+    try:
+        return QtsMode.parse(mode_slug(mode))
+    except RequestError as exc:
+        raise SynthesisError(f"qwen3: {exc}") from exc
+
+
+def ramp(chunk_frames: int) -> list[int]:
+    """First chunk sizes before steady ``chunk_frames`` chunks: 1, 2, 4, ... (< chunk_frames)."""
+    out = []
+    n = 1
+    while n < chunk_frames:
+        out.append(n)
+        n *= 2
+    return out
+
+
+class _Playout:
+    """This side's estimate of a real-time listener: audio handed out vs time since first audio.
+
+    Used when the runtime gives no ``CallState.playback``. ``ahead_s`` < 0 is an underrun.
+    """
+
+    def __init__(self) -> None:
+        self.t_first: float | None = None
+        self.audio_s = 0.0
+
+    def add(self, samples: int) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        self.audio_s += samples / SAMPLE_RATE
+
+    def ahead_s(self) -> float:
+        if self.t_first is None:
+            return 0.0
+        return self.audio_s - (time.perf_counter() - self.t_first)
 
 
 class Qwen3Synthesizer:
@@ -143,17 +241,25 @@ class Qwen3Synthesizer:
         self._engine_loader = engine_loader or _default_engine_loader
         # markup filter, normaliser, lexicon (respellings only: the tokenizer reads text)
         self.text = TextFrontEnd(options.text, ipa=False, lang=options.language)
-        self.engine: Any = None
+        self.engine: FrameEngine | None = None
         self.vocoder: Vocoder | None = None
         self.paths: ModeModelPaths | None = None
-        self._api: Any = None  # the engine module (request/enum types)
+        self._checked = False  # options checked against the request rules (load)
         self._speakers: list[str] = []
         self._speaker_embedding: np.ndarray | None = None
         self._ref_codes: np.ndarray | None = None
         self._lock = threading.Lock()
         self._prompts = ClonePromptVoices()
         self._stats: dict[str, float] = {}
-        self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0}
+        self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0, "underruns": 0.0}
+        self._calls: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._speaking = 0  # utterances in synthesize() now (the vocoder batcher's hint)
+        self._batcher: VocoderBatcher | None = None
+        self._ttfa: list[float] = []
+
+    #: The runtime keeps one thread per utterance iterating ``synthesize`` and does not
+    #: serialise them: the engine's batch scheduler runs them together.
+    self_scheduled = True
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -187,7 +293,7 @@ class Qwen3Synthesizer:
                 )
             self._ref_codes = _load_ref_codes(o.ref_codes)
         # Check the options against the request rules before the (slow) model load.
-        self._api = _engine_module()
+        self._checked = True
         self._speakers = _all_preset_names() if self.mode == "customvoice" else []
         if self.mode != "customvoice" and o.speaker is not None:
             raise SynthesisError(f"qwen3: --speaker is only for customvoice, not {self.mode}")
@@ -213,6 +319,8 @@ class Qwen3Synthesizer:
             )
         self.paths, self.vocoder, self.engine = paths, vocoder, engine
         self._load_clone_prompts(engine)
+        if vocoder is not None:
+            self._batcher = VocoderBatcher(vocoder, active=lambda: self._speaking)
         self._speakers = self._preset_speakers()
         if self.mode == "customvoice":
             if not self._speakers:
@@ -235,8 +343,8 @@ class Qwen3Synthesizer:
         self._require_loaded()
         t0 = time.perf_counter()
         req = self.make_request(self.options.warm_up_text, self.default_voice, max_frames=4)
-        with self._lock:
-            frames = list(self.engine.iter_frames(req))
+        assert self.engine is not None
+        frames = list(self.engine.iter_frames(req))
         if frames:
             assert self.vocoder is not None
             self.vocoder.decode(np.stack(frames))
@@ -296,23 +404,19 @@ class Qwen3Synthesizer:
 
     def _preset_speakers(self) -> list[str]:
         """Lower-case preset names the loaded model defines (engine metadata), else all presets."""
-        eng = self.engine
-        for attr in ("preset_speakers", "available_speakers", "speakers"):
-            got = getattr(eng, attr, None)
-            if callable(got):
-                got = got()
-            if got:
-                return [_speaker_name(s) for s in got]
+        assert self.engine is not None
+        got = self.engine.preset_speakers()
+        if got:
+            return [_speaker_name(s) for s in got]
         return _all_preset_names() if self.mode == "customvoice" else []
 
-    def _resolve_speaker(self, voice: str) -> Any:
+    def _resolve_speaker(self, voice: str) -> PresetSpeaker:
         want = voice.strip().lower()
         if want not in self._speakers:
             raise VoiceNotFound(
                 f"qwen3: unknown speaker {voice!r}; this model has {', '.join(self._speakers)}"
             )
-        preset_cls = self._api.PresetSpeaker
-        for p in preset_cls:
+        for p in PresetSpeaker:
             if _speaker_name(p) == want:
                 return p
         raise VoiceNotFound(f"qwen3: speaker {voice!r} is not a preset the engine knows")
@@ -327,19 +431,30 @@ class Qwen3Synthesizer:
             return prompt.ref_codes
         return self._ref_codes
 
-    def make_request(self, text: str, voice: str | None, *, max_frames: int | None = None) -> Any:
-        """The engine's ``ModeSynthesizeRequest`` for ``text`` in ``voice`` with these options."""
-        if self._api is None:
+    def make_request(
+        self,
+        text: str,
+        voice: str | None,
+        *,
+        max_frames: int | None = None,
+        language: str | None = None,
+        instruct: str | None = None,
+        non_streaming: bool | None = None,
+    ) -> ModeSynthesizeRequest:
+        """The engine's ``ModeSynthesizeRequest`` for ``text`` in ``voice`` with these options.
+
+        ``language``, ``instruct`` and ``non_streaming`` override the options when given.
+        """
+        if not self._checked:
             raise SynthesisError("qwen3: model not loaded (call load() first)")
         o = self.options
-        api = self._api
-        mode = _qts_mode(api, self.mode)
+        mode = _qts_mode(self.mode)
         kw: dict[str, Any] = {
             "text": text,
             "mode": mode,
-            "language": o.language,
-            "instruct": o.instruct,
-            "non_streaming": o.non_streaming,
+            "language": language if language is not None else o.language,
+            "instruct": instruct if instruct is not None else o.instruct,
+            "non_streaming": non_streaming if non_streaming is not None else o.non_streaming,
             "greedy": o.greedy,
             "seed": o.seed,
             "max_frames": max_frames if max_frames is not None else o.max_frames,
@@ -354,7 +469,7 @@ class Qwen3Synthesizer:
                 f"qwen3: unknown voice {voice!r}; this engine has {', '.join(self.voices())}"
             )
         if prompt is not None and prompt.ref_codes is not None:
-            kw["voice_clone_prompt"] = api.VoiceClonePrompt(
+            kw["voice_clone_prompt"] = VoiceClonePrompt(
                 ref_code=prompt.ref_codes,
                 ref_text=prompt.ref_text,
                 ref_spk_embedding=prompt.x_vector,
@@ -363,7 +478,7 @@ class Qwen3Synthesizer:
         elif prompt is not None:
             kw["speaker_embedding"] = prompt.x_vector
         elif self._ref_codes is not None:
-            kw["voice_clone_prompt"] = api.VoiceClonePrompt(
+            kw["voice_clone_prompt"] = VoiceClonePrompt(
                 ref_code=self._ref_codes,
                 ref_text=o.ref_text,
                 ref_spk_embedding=self._speaker_embedding,
@@ -373,10 +488,8 @@ class Qwen3Synthesizer:
             kw["speaker_embedding"] = self._speaker_embedding
         kw.update(o.sampling)
         try:
-            req = api.ModeSynthesizeRequest(**kw)
-            validate = getattr(req, "validate", None)
-            if callable(validate):
-                validate()
+            req = ModeSynthesizeRequest(**kw)
+            req.validate()
         except (TypeError, ValueError) as exc:
             raise SynthesisError(f"qwen3: bad request: {exc}") from exc
         return req
@@ -393,25 +506,72 @@ class Qwen3Synthesizer:
         ref = prompt.ref_codes if prompt is not None else self._ref_codes
         assert self.vocoder is not None
         o = self.options
-        dec = self.vocoder.streaming(
+        first = o.first_chunk_frames
+        dec = StreamingDecoder(
+            self.vocoder,
             chunk_frames=o.chunk_frames,
             left_context=o.left_context,
-            first_chunk_frames=o.first_chunk_frames,
+            first_chunk_frames=first,
+            ramp=ramp(o.chunk_frames) if first is None else None,
             ref_codes=ref,  # ICL: the reference frames are the decoder's context
+            runner=self._batcher.run if self._batcher is not None else None,
         )
         with self._lock:
-            yield from self._run(req, dec, cancel)
+            self._speaking += 1
+        try:
+            yield from self._run(req, dec, cancel, state)
+        finally:
+            with self._lock:
+                self._speaking -= 1
 
-    def _run(self, req: Any, dec: Any, cancel: CancelToken) -> Iterator[FloatArray]:
+    def _frames(
+        self,
+        req: ModeSynthesizeRequest,
+        cancel: CancelToken,
+        ahead: Callable[[], float],
+        timings: dict[str, float],
+    ) -> Iterator[npt.NDArray[np.int64]]:
+        eng = self.engine
+        assert eng is not None
+        submit = getattr(eng, "submit", None)
+        if submit is None:  # a plain FrameEngine: no admission hints
+            it = eng.iter_frames(req, cancel=lambda: cancel.cancelled)
+            yield from it
+            timings.update(eng.timings)
+            return
+        yield from submit(
+            req, cancel=lambda: cancel.cancelled, urgency=ahead, on_end=timings.update
+        )
+
+    def _run(
+        self,
+        req: ModeSynthesizeRequest,
+        dec: StreamingDecoder,
+        cancel: CancelToken,
+        state: CallState,
+    ) -> Iterator[FloatArray]:
         t0 = time.perf_counter()
         voc_ms = 0.0
         ttfa_ms = -1.0
         frames = 0
         samples = 0
         done = False
+        underruns = 0
+        dry = False
+        own = _Playout()
+        timings: dict[str, float] = {}
+
+        def ahead() -> float:
+            pb = getattr(state, "playback", None)
+            if pb is not None:
+                try:
+                    return float(pb.ahead_s())
+                except Exception:
+                    pass
+            return own.ahead_s()
+
         try:
-            it = self.engine.iter_frames(req, cancel=lambda: cancel.cancelled)
-            for frame in it:
+            for frame in self._frames(req, cancel, ahead, timings):
                 cancel.raise_if_cancelled()
                 frames += 1
                 tv = time.perf_counter()
@@ -420,7 +580,13 @@ class Qwen3Synthesizer:
                 if audio is not None:
                     if ttfa_ms < 0:
                         ttfa_ms = (time.perf_counter() - t0) * 1e3
+                    elif ahead() < 0:
+                        underruns += 0 if dry else 1  # one per dip below zero
+                        dry = True
+                    else:
+                        dry = False
                     samples += audio.shape[0]
+                    own.add(audio.shape[0])
                     yield audio
                     cancel.raise_if_cancelled()
             cancel.raise_if_cancelled()
@@ -430,7 +596,10 @@ class Qwen3Synthesizer:
             if rest.size:
                 if ttfa_ms < 0:
                     ttfa_ms = (time.perf_counter() - t0) * 1e3
+                elif ahead() < 0 and not dry:
+                    underruns += 1
                 samples += rest.shape[0]
+                own.add(rest.shape[0])
                 yield rest
             done = True
         except SynthesisCancelled:
@@ -447,12 +616,36 @@ class Qwen3Synthesizer:
             raise SynthesisError(f"qwen3: synthesis failed: {exc}") from exc
         finally:
             wall_ms = (time.perf_counter() - t0) * 1e3
-            self._record(frames, samples, wall_ms, voc_ms, ttfa_ms, done)
+            self._record(frames, samples, wall_ms, voc_ms, ttfa_ms, done, timings)
+            self._record_call(state.call_id, ttfa_ms, underruns, timings)
+
+    def _record_call(
+        self, call_id: int, ttfa_ms: float, underruns: int, timings: dict[str, float]
+    ) -> None:
+        with self._lock:
+            self._totals["underruns"] += underruns
+            c = self._calls.pop(call_id, None) or {"utterances": 0.0, "underruns": 0.0}
+            c["utterances"] += 1
+            c["underruns"] += underruns
+            c["ttfa_ms"] = ttfa_ms
+            c["queue_ms"] = float(timings.get("queue", 0.0))
+            self._calls[call_id] = c
+            while len(self._calls) > STATS_CALLS:
+                self._calls.popitem(last=False)
+            if ttfa_ms >= 0:
+                self._ttfa.append(ttfa_ms)
+                del self._ttfa[:-256]
 
     def _record(
-        self, frames: int, samples: int, wall_ms: float, voc_ms: float, ttfa_ms: float, done: bool
+        self,
+        frames: int,
+        samples: int,
+        wall_ms: float,
+        voc_ms: float,
+        ttfa_ms: float,
+        done: bool,
+        timings: dict[str, float],
     ) -> None:
-        timings = dict(getattr(self.engine, "timings", {}) or {})
         audio_s = samples / SAMPLE_RATE
         st: dict[str, float] = {
             "frames": float(frames),
@@ -463,20 +656,35 @@ class Qwen3Synthesizer:
             "talker_ms": float(timings.get("talker", 0.0)),
             "code_predictor_ms": float(timings.get("code_predictor", 0.0)),
             "vocoder_ms": voc_ms,
+            "queue_ms": float(timings.get("queue", 0.0)),
             "rtf": (wall_ms / 1e3) / audio_s if audio_s > 0 else 0.0,
             "frames_per_s": frames / (wall_ms / 1e3) if wall_ms > 0 else 0.0,
             "completed": 1.0 if done else 0.0,
         }
-        self._stats = st
-        self._totals["utterances"] += 1
-        self._totals["frames"] += frames
+        with self._lock:
+            self._stats = st
+            self._totals["utterances"] += 1
+            self._totals["frames"] += frames
         log.debug(
             "utterance_synthesized", engine=self.name, **{k: round(v, 2) for k, v in st.items()}
         )
 
     def stats(self) -> dict[str, float]:
-        out = {f"last_{k}": v for k, v in self._stats.items()}
-        out.update({f"total_{k}": v for k, v in self._totals.items()})
+        """Last utterance, totals, TTFA percentiles, batch scheduler and recent calls."""
+        with self._lock:
+            out = {f"last_{k}": v for k, v in self._stats.items()}
+            out.update({f"total_{k}": v for k, v in self._totals.items()})
+            if self._ttfa:
+                out["ttfa_ms_p50"] = float(np.percentile(self._ttfa, 50))
+                out["ttfa_ms_p95"] = float(np.percentile(self._ttfa, 95))
+            for cid, c in self._calls.items():
+                out.update({f"call.{cid}.{k}": v for k, v in c.items()})
+            if self._batcher is not None:
+                out["vocoder_runs"] = float(self._batcher.runs)
+                out["vocoder_windows"] = float(self._batcher.windows)
+        batch_stats = getattr(self.engine, "batch_stats", None)
+        if callable(batch_stats):
+            out.update({f"batch_{k}": float(v) for k, v in batch_stats().items()})
         return out
 
     def status_suffix(self) -> str:
@@ -495,12 +703,7 @@ class Qwen3Synthesizer:
             raise SynthesisError("qwen3: model not loaded (call load() first)")
 
 
-def _engine_module() -> Any:
-    """The module with ``QtsMode``, ``PresetSpeaker`` and ``ModeSynthesizeRequest``."""
-    return importlib.import_module("engines.qwen3.request")
-
-
-def _speaker_name(s: Any) -> str:
+def _speaker_name(s: object) -> str:
     if isinstance(s, str):
         return s.lower()
     as_str = getattr(s, "as_str", None)
@@ -513,11 +716,7 @@ def _speaker_name(s: Any) -> str:
 
 
 def _all_preset_names() -> list[str]:
-    try:
-        mod = _engine_module()
-    except ImportError:
-        return []
-    return [_speaker_name(p) for p in mod.PresetSpeaker]
+    return [p.as_str() for p in PresetSpeaker]
 
 
 def _load_ref_codes(path: Path) -> np.ndarray:
@@ -552,6 +751,7 @@ def _load_embedding(path: Path) -> np.ndarray:
 __all__ = [
     "DEFAULT_VOICE",
     "SAMPLES_PER_FRAME",
+    "BatchingEngine",
     "FrameEngine",
     "Qwen3Options",
     "Qwen3Synthesizer",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -190,42 +190,53 @@ class Vocoder:
 
     def _run(self, codes: IntArray) -> FloatArray:
         """Run the graph on checked codes ``[T,16]`` (T >= 1); return exactly T*1920 samples."""
+        return self.run_batch(codes[None])[0]
+
+    def run_batch(self, codes: IntArray) -> list[FloatArray]:
+        """Run the graph once on checked codes ``[B,T,16]``; B waveforms of T*1920 samples."""
         import time
 
-        t = codes.shape[0]
-        feed = codes[None, :, :] if self.layout == "BTQ" else codes.T[None, :, :]
+        b, t = codes.shape[0], codes.shape[1]
+        feed = codes if self.layout == "BTQ" else codes.transpose(0, 2, 1)
         feed = np.ascontiguousarray(feed, dtype=self._input_dtype)
         t0 = time.perf_counter()
         try:
             outs: list[Any] = self._sess.run(self._outputs, {self.input_name: feed})
         except Exception as exc:
-            raise VocoderError(f"vocoder run failed on {t} frames: {exc}") from exc
+            raise VocoderError(f"vocoder run failed on {b} x {t} frames: {exc}") from exc
         dt = (time.perf_counter() - t0) * 1000.0
         with self._lock:
             self.calls += 1
             self.total_ms += dt
         audio = np.asarray(outs[0])
         if self.audio_rank == 3 or audio.ndim == 3:
-            if audio.ndim != 3 or audio.shape[1] != 1:
+            if audio.ndim != 3 or audio.shape[1] != 1 or audio.shape[0] != b:
                 raise VocoderError(f"vocoder returned audio shaped {list(audio.shape)}")
-            wav = audio[0, 0]
-        elif audio.ndim == 2:
-            wav = audio[0]
+            wavs = audio[:, 0]
+        elif audio.ndim == 2 and audio.shape[0] == b:
+            wavs = audio
+        elif b == 1:
+            wavs = audio.reshape(1, -1)
         else:
-            wav = audio.reshape(-1)
-        if self.lengths_output is not None:
-            n = int(np.asarray(outs[1]).reshape(-1)[0])
-            if n < 0 or n > wav.shape[0]:
-                raise VocoderError(f"vocoder lengths output {n} outside 0..{wav.shape[0]}")
-            wav = wav[:n]
+            raise VocoderError(f"vocoder returned audio shaped {list(audio.shape)} for {b} rows")
+        lengths = np.asarray(outs[1]).reshape(-1) if self.lengths_output is not None else None
         want = t * SAMPLES_PER_FRAME
-        if wav.shape[0] != want:
-            raise VocoderError(
-                f"vocoder returned {wav.shape[0]} samples for {t} frames, expected {want} "
-                f"({SAMPLES_PER_FRAME} per frame)"
-            )
-        out = np.clip(wav.astype(np.float32, copy=False), -1.0, 1.0)
-        return np.ascontiguousarray(out, dtype=np.float32)
+        out: list[FloatArray] = []
+        for i in range(b):
+            wav = wavs[i]
+            if lengths is not None:
+                n = int(lengths[i] if lengths.shape[0] > i else lengths[0])
+                if n < 0 or n > wav.shape[0]:
+                    raise VocoderError(f"vocoder lengths output {n} outside 0..{wav.shape[0]}")
+                wav = wav[:n]
+            if wav.shape[0] != want:
+                raise VocoderError(
+                    f"vocoder returned {wav.shape[0]} samples for {t} frames, expected {want} "
+                    f"({SAMPLES_PER_FRAME} per frame)"
+                )
+            clipped = np.clip(wav.astype(np.float32, copy=False), -1.0, 1.0)
+            out.append(np.ascontiguousarray(clipped, dtype=np.float32))
+        return out
 
     def decode(
         self,
@@ -262,6 +273,7 @@ class Vocoder:
         left_context: int = 25,
         first_chunk_frames: int | None = None,
         ref_codes: npt.ArrayLike | None = None,
+        ramp: Sequence[int] | None = None,
     ) -> StreamingDecoder:
         return StreamingDecoder(
             self,
@@ -269,6 +281,7 @@ class Vocoder:
             left_context=left_context,
             first_chunk_frames=first_chunk_frames,
             ref_codes=ref_codes,
+            ramp=ramp,
         )
 
     def close(self) -> None:
@@ -281,7 +294,11 @@ class StreamingDecoder:
     Each chunk is decoded together with up to ``left_context`` earlier frames
     (or ICL reference codes, for the first chunks); the context's samples are
     dropped, so the concatenated output has exactly ``frames*1920`` samples.
-    ``first_chunk_frames`` (default ``chunk_frames``) lets the first audio leave earlier.
+    ``first_chunk_frames`` (default ``chunk_frames``) lets the first audio leave earlier;
+    ``ramp`` (for example ``[1, 2]`` before chunks of 4) sets the sizes of the first
+    chunks instead, so the first audio leaves after one frame and later chunks grow.
+    ``runner`` (default ``vocoder._run``) decodes one window; a ``VocoderBatcher``
+    there batches the windows of concurrent utterances.
     """
 
     def __init__(
@@ -292,6 +309,8 @@ class StreamingDecoder:
         left_context: int = 25,
         first_chunk_frames: int | None = None,
         ref_codes: npt.ArrayLike | None = None,
+        ramp: Sequence[int] | None = None,
+        runner: Callable[[IntArray], FloatArray] | None = None,
     ) -> None:
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
@@ -300,9 +319,13 @@ class StreamingDecoder:
         first = chunk_frames if first_chunk_frames is None else first_chunk_frames
         if first < 1:
             raise ValueError(f"first_chunk_frames must be >= 1, got {first}")
+        self.ramp = [int(n) for n in ramp] if ramp else [first]
+        if any(n < 1 for n in self.ramp):
+            raise ValueError(f"ramp chunk sizes must be >= 1, got {list(self.ramp)}")
         self.vocoder = vocoder
+        self._runner = runner or vocoder._run  # e.g. a ``VocoderBatcher.run`` shared by calls
         self.chunk_frames = chunk_frames
-        self.first_chunk_frames = first
+        self.first_chunk_frames = self.ramp[0]
         self.left_context = left_context
         ctx = (
             _check_codes(ref_codes)
@@ -322,7 +345,8 @@ class StreamingDecoder:
             raise ValueError(f"push takes one frame of {NUM_CODEBOOKS} codes")
         self._pending.append(row)
         self.frames_in += 1
-        need = self.first_chunk_frames if self.chunks_out == 0 else self.chunk_frames
+        i = self.chunks_out
+        need = self.ramp[i] if i < len(self.ramp) else self.chunk_frames
         if len(self._pending) >= need:
             return self._decode_pending()
         return None
@@ -342,7 +366,7 @@ class StreamingDecoder:
         self._pending = []
         ctx = self._context
         window = np.concatenate([ctx, new], axis=0) if ctx.shape[0] else new
-        wav = self.vocoder._run(window)[ctx.shape[0] * SAMPLES_PER_FRAME :]
+        wav = self._runner(window)[ctx.shape[0] * SAMPLES_PER_FRAME :]
         keep = min(self.left_context, window.shape[0])
         self._context = window[window.shape[0] - keep :].copy()
         self.samples_out += wav.shape[0]
