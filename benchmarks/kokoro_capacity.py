@@ -65,6 +65,7 @@ from kokoro_ttfa import parse_stats  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
+from engines.runtime.schedule import SYNTH_WORKERS  # noqa: E402
 from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
 
 SAMPLE_RATE = 24000
@@ -479,8 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--calls", default="1,2,3,4,6", help="comma-separated N to run")
     p.add_argument("--seconds", type=float, default=20.0, help="conversation time per N")
-    p.add_argument("--threads", type=int, default=2, help="Kokoro --threads (intra-op)")
-    p.add_argument("--synth-workers", type=int, default=1, help="engine --synth-workers")
+    p.add_argument(
+        "--threads", type=int, default=1, help="Kokoro --threads (intra-op; engine default 1)"
+    )
+    p.add_argument(
+        "--synth-workers",
+        type=int,
+        default=SYNTH_WORKERS,
+        help=f"engine --synth-workers (engine default here: {SYNTH_WORKERS}, one per core)",
+    )
     p.add_argument("--models-dir", type=Path, default=None)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")

@@ -112,8 +112,9 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--threads",
         type=_threads,
-        default=env("KOKORO_THREADS", _threads, 2),
-        help="onnxruntime intra-op threads, 1..64 [env KOKORO_THREADS]",
+        default=env("KOKORO_THREADS", _threads, 1),
+        help="onnxruntime intra-op threads per inference, 1..64; the runtime runs one "
+        "inference per --synth-workers thread (default: one per core) [env KOKORO_THREADS]",
     )
     g.add_argument(
         "--device",

@@ -137,7 +137,7 @@ class KokoroConfig:
     lang: LangOption = "auto"
     g2p: G2POption = "auto"
     g2p_model: Path | None = None
-    threads: int = 2
+    threads: int = 1  # intra-op threads per inference; the runtime pool runs one per core
     device: str = "auto"
     backend: str = "onnx"
     spinning: bool = False
