@@ -14,7 +14,7 @@ import structlog
 from runtime_helpers import RATE, DockSession, FakeDock, ToneSynth, audio_samples, cmd, tone
 
 from engines.runtime.cli import common_parser
-from engines.runtime.schedule import MAX_AHEAD_S
+from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS
 from engines.runtime.synth import CallState, CancelToken, FloatArray
 from protocol import CallEnd, SpeechActive
 
@@ -257,7 +257,7 @@ async def test_no_underrun_when_synthesis_keeps_ahead(dock: FakeDock) -> None:
 
 
 def test_synth_workers_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert common_parser("tone").parse_args([]).synth_workers == 1
+    assert common_parser("tone").parse_args([]).synth_workers == SYNTH_WORKERS  # one per core
     assert common_parser("tone").parse_args(["--synth-workers", "2"]).synth_workers == 2
     monkeypatch.setenv("TTSDOCK_SYNTH_WORKERS", "3")
     assert common_parser("tone").parse_args([]).synth_workers == 3

@@ -68,14 +68,15 @@ def test_expedite_puts_cancelled_work_first_and_remove_forgets() -> None:
 
 entries = st.lists(
     st.tuples(
-        st.floats(-1e3, 1e3, allow_nan=False),  # deadline
-        st.floats(-1e3, 1e3, allow_nan=False) | st.just(-math.inf),  # ready_at
+        st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False),  # deadline
+        st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False)
+        | st.just(-math.inf),  # ready_at
     ),
     max_size=30,
 )
 
 
-@given(entries, st.floats(-1e3, 1e3, allow_nan=False))
+@given(entries, st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False))
 def test_pop_order_is_sorted_by_deadline_among_ready_items(
     es: list[tuple[float, float]], now: float
 ) -> None:
@@ -169,7 +170,7 @@ def test_produced_audio_counts_before_it_is_sent() -> None:
 
 @given(
     st.lists(
-        st.tuples(st.floats(0, 2.0, allow_nan=False), st.integers(1, 4800)),
+        st.tuples(st.floats(0, 2.0, allow_nan=False, allow_subnormal=False), st.integers(1, 4800)),
         min_size=1,
         max_size=50,
     )

@@ -163,7 +163,7 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--first-window",
         type=_frame_range,
-        default=FIRST_FRAMES,
+        default=f"{FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}",  # argparse applies the type
         metavar="LO-HI",
         help="the first window ends at a word boundary this many frames after the leading "
         f"pad (default: {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}, about 0.3-0.55 s)",

@@ -160,9 +160,20 @@ class Engine:
         if not is_loopback(c.cmd_host):
             log.warning("cmd_port_not_loopback", host=c.cmd_host)
         sup = self.supervisor
+        # The cmd port is bound before the engine docks, so that it answers as soon as
+        # the dock lists the engine; a port still held (the old engine of a hot swap) is
+        # retried in the background.
+        try:
+            server = await start_cmd_server(
+                c.cmd_host, c.cmd_port, self.commands, max_len=MAX_ENGINE_COMMAND
+            )
+        except OSError:
+            sup.spawn(self._serve_cmd(), "cmd-port", critical=True)
+        else:
+            if server is not None:  # (without retry_bind it never is None)
+                self._cmd_bound(server)
         # the dock client returns only once a stop was asked for: earlier is fatal
         sup.spawn(self.client.run(self.stop), "dock-client", must_run=True)
-        sup.spawn(self._serve_cmd(), "cmd-port", critical=True)
         sup.spawn(self.calls.sweep_forever(), "call-sweeper", critical=True)
         sup.spawn(watchdog_loop(), "watchdog", critical=True)
 
@@ -183,12 +194,14 @@ class Engine:
             retry_bind=True,
             stop=self.stop,
         )
-        if server is None:
-            return
+        if server is not None:
+            self._cmd_bound(server)
+
+    def _cmd_bound(self, server: asyncio.Server) -> None:
         self.cmd_server = server
         sock = server.sockets[0] if server.sockets else None
-        self.cmd_port = sock.getsockname()[1] if sock is not None else c.cmd_port
-        log.info("cmd_port_listening", host=c.cmd_host, port=self.cmd_port)
+        self.cmd_port = sock.getsockname()[1] if sock is not None else self.config.cmd_port
+        log.info("cmd_port_listening", host=self.config.cmd_host, port=self.cmd_port)
 
     async def run(self) -> None:
         await self.start()
