@@ -55,7 +55,7 @@ import structlog
 
 from engines.runtime.audio import UtteranceFramer
 from engines.runtime.playback import PlaybackMeter
-from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.pool import Job, Step, SynthesisPool, close_generator
 from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS, StepEstimate, deadline_for
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
@@ -796,12 +796,6 @@ class CallManager:
         except BaseException as exc:  # reported on the loop; never kills other calls
             error = exc
         finally:
-            close: Callable[[], None] | None = getattr(gen, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except BaseException as exc:  # a generator that fails while closing
-                    if error is None and not isinstance(exc, SynthesisCancelled):
-                        error = exc
+            error = close_generator(gen, error)
             chan.finish(framer.samples_out, framer.truncated, error)
             self.threads.discard(threading.current_thread())

@@ -226,7 +226,12 @@ class SynthesisPool:
 
 def _close(job: Job, error: BaseException | None) -> BaseException | None:
     """Close the job's generator (runs its ``finally`` blocks) in this worker thread."""
-    gen = job.gen
+    return close_generator(job.gen, error)
+
+
+def close_generator(gen: object, error: BaseException | None) -> BaseException | None:
+    """Close a synthesis generator; the error to report: ``error``, else one raised while
+    closing (a cancellation is not an error)."""
     close: Callable[[], None] | None = getattr(gen, "close", None)
     if close is not None:
         try:
