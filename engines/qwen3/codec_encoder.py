@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engines.qwen3.codec_torch import Attention, TransformerLayer
 from engines.qwen3.errors import ConversionError
 
 HOP = 1920
@@ -166,38 +167,6 @@ class SeaNet(nn.Module):
         return x
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-class MAttention(nn.Module):
-    def __init__(self, c: EncoderConfig):
-        super().__init__()
-        hd, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
-        self.q_proj = nn.Linear(c.hidden_size, nh * hd, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, c.hidden_size, bias=False)
-        self.hd, self.nh, self.nkv = hd, nh, nkv
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor
-    ) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if self.nkv != self.nh:
-            k = k.repeat_interleave(self.nh // self.nkv, dim=1)
-            v = v.repeat_interleave(self.nh // self.nkv, dim=1)
-        w = torch.matmul(q, k.transpose(2, 3)) * (self.hd**-0.5) + bias
-        o = torch.matmul(torch.softmax(w, dim=-1), v)
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))
-
-
 class _Mlp(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
@@ -208,30 +177,13 @@ class _Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class _Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-class MLayer(nn.Module):
-    def __init__(self, c: EncoderConfig):
-        super().__init__()
-        self.self_attn = MAttention(c)
-        self.mlp = _Mlp(c)
-        self.input_layernorm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
-        self.post_attention_layernorm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
-        self.self_attn_layer_scale = _Scale(c.hidden_size)
-        self.mlp_layer_scale = _Scale(c.hidden_size)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor
-    ) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, bias))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+def encoder_layer(c: EncoderConfig) -> TransformerLayer:
+    attn = Attention(
+        c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, bias=False
+    )
+    return TransformerLayer(
+        c.hidden_size, attn, _Mlp(c), lambda: nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
+    )
 
 
 class MTransformer(nn.Module):
@@ -239,7 +191,7 @@ class MTransformer(nn.Module):
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
-        self.layers = nn.ModuleList([MLayer(c) for _ in range(c.num_hidden_layers)])
+        self.layers = nn.ModuleList([encoder_layer(c) for _ in range(c.num_hidden_layers)])
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -185,19 +186,21 @@ class LayerScale(nn.Module):
         return self.scale * x
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 class Attention(nn.Module):
-    def __init__(self, c: DecoderConfig):
+    """Rotary self-attention with grouped KV heads (the codec decoder's and encoder's)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
         super().__init__()
-        hd, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
-        self.q_proj = nn.Linear(c.hidden_size, nh * hd, bias=c.attention_bias)
-        self.k_proj = nn.Linear(c.hidden_size, nkv * hd, bias=c.attention_bias)
-        self.v_proj = nn.Linear(c.hidden_size, nkv * hd, bias=c.attention_bias)
-        self.o_proj = nn.Linear(nh * hd, c.hidden_size, bias=c.attention_bias)
+        hd, nh, nkv = head_dim, heads, kv_heads
+        self.q_proj = nn.Linear(hidden, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(hidden, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(hidden, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, hidden, bias=bias)
         self.hd, self.nh, self.nkv = hd, nh, nkv
 
     def forward(
@@ -207,8 +210,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if self.nkv != self.nh:
             rep = self.nh // self.nkv
             k = k.repeat_interleave(rep, dim=1)
@@ -230,14 +233,23 @@ class Mlp(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, c: DecoderConfig):
+    """Pre-norm layer with layer scales; the decoder uses RMSNorm and a gated MLP, the
+    encoder (``codec_encoder``) LayerNorm and a GELU MLP."""
+
+    def __init__(
+        self,
+        hidden: int,
+        attn: nn.Module,
+        mlp: nn.Module,
+        norm: Callable[[], nn.Module],
+    ):
         super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = Mlp(c)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn_layer_scale = LayerScale(c.hidden_size)
-        self.mlp_layer_scale = LayerScale(c.hidden_size)
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        self.self_attn_layer_scale = LayerScale(hidden)
+        self.mlp_layer_scale = LayerScale(hidden)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor
@@ -246,12 +258,21 @@ class TransformerLayer(nn.Module):
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
+def decoder_layer(c: DecoderConfig) -> TransformerLayer:
+    attn = Attention(
+        c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.attention_bias
+    )
+    return TransformerLayer(
+        c.hidden_size, attn, Mlp(c), lambda: RMSNorm(c.hidden_size, c.rms_norm_eps)
+    )
+
+
 class PreTransformer(nn.Module):
     inv_freq: torch.Tensor
 
     def __init__(self, c: DecoderConfig):
         super().__init__()
-        self.layers = nn.ModuleList([TransformerLayer(c) for _ in range(c.num_hidden_layers)])
+        self.layers = nn.ModuleList([decoder_layer(c) for _ in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.input_proj = nn.Linear(c.latent_dim, c.hidden_size)
         self.output_proj = nn.Linear(c.hidden_size, c.latent_dim)
