@@ -56,7 +56,13 @@ import structlog
 from engines.runtime.audio import UtteranceFramer
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool, close_generator
-from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS, StepEstimate, deadline_for
+from engines.runtime.schedule import (
+    MAX_AHEAD_S,
+    SYNTH_WORKERS,
+    StepEstimate,
+    deadline_for,
+    start_deadline,
+)
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -597,8 +603,7 @@ class CallManager:
             deliver=deliver,
             meter=meter,
         )
-        t_rx = utt.t_rx_ns / 1e9
-        pool.submit(job, max(t_rx, w.play_until - self.first_unit.value))
+        pool.submit(job, start_deadline(utt.t_rx_ns / 1e9, w.play_until, self.first_unit.value))
         utt.token.on_cancel(lambda: deliver(None))
         end: _End | None = None
         cancelled = False
@@ -757,6 +762,10 @@ class CallManager:
                 ttfa_ms=None if utt.ttfa_ms is None else round(utt.ttfa_ms, 1),
                 underruns=0 if meter is None else meter.underruns,
                 underrun_ms=0.0 if meter is None else round(meter.underrun_s * 1000, 1),
+                underruns_predicted=0 if meter is None else meter.gaps_predicted,
+                underrun_ms_predicted=0.0
+                if meter is None
+                else round(meter.gap_s_predicted * 1000, 1),
                 ahead_min_ms=round(utt.ahead_min_s * 1000, 1)
                 if utt.ahead_min_s != float("inf")
                 else None,
