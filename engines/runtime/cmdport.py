@@ -35,6 +35,7 @@ import structlog
 
 from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_pcm16
 from engines.runtime.calls import CallManager, EngineSettings
+from engines.runtime.load import LoadSnapshot
 from engines.runtime.stats import RuntimeStats, fmt_ms, prometheus_summary, render_latency
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -42,6 +43,8 @@ from engines.runtime.synth import (
     SPEED_MIN,
     CallState,
     CancelToken,
+    ExecutionPlan,
+    PlanInfo,
     Synthesizer,
 )
 from engines.runtime.threads import in_thread
@@ -412,6 +415,7 @@ class CommandHandler:
             ]
         else:
             fields.append("synth_workers=self_scheduled")
+        fields += render_load(calls.load_snapshot(), plan_of(self.synth))
         fields += render_latency("ttfa", st.ttfa)
         fields += render_latency("queue_wait", st.queue_wait)
         fields += render_latency("sched_wait", st.sched_wait)
@@ -467,12 +471,49 @@ class CommandHandler:
                 "sched_parked": parked,
                 "sched_busy": busy,
             }
+        load = calls.load_snapshot()
+        gauges |= {
+            "utilisation_ratio": load.utilisation,
+            "capacity_audio_seconds_per_second": load.capacity,
+            "demand_audio_seconds_per_second": load.demand,
+            "call_demand_audio_seconds_per_second": load.call_demand,
+        }
+        if load.headroom_calls is not None:
+            gauges["headroom_calls"] = load.headroom_calls
         for name, value in gauges.items():
             lines += [f"# TYPE {p}{name} gauge", f"{p}{name} {value:g}"]
+        plan = plan_of(self.synth)
+        if plan is not None:
+            lines += [
+                f"# TYPE {p}plan_info gauge",
+                f'{p}plan_info{{plan="{plan.name}",source="{plan.source}"}} 1',
+                f"# TYPE {p}plan_rtf gauge",
+            ]
+            lines += [f'{p}plan_rtf{{threads="{n}"}} {r:.4f}' for n, r in sorted(plan.rtf.items())]
         lines.append(f"# TYPE {p}call_ahead_seconds gauge")
         for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
             lines.append(f'{p}call_ahead_seconds{{call_id="{w.call_id}"}} {w.ahead_s():.3f}')
         return "\n".join(lines) + "\n"
+
+
+def plan_of(synth: object) -> PlanInfo | None:
+    """The engine's execution plan, when it reports one (``ExecutionPlan``)."""
+    return synth.plan() if isinstance(synth, ExecutionPlan) else None
+
+
+def render_load(load: LoadSnapshot, plan: PlanInfo | None) -> list[str]:
+    """STATS fields of the load figures (``load.py``) and the execution plan."""
+    headroom = "unknown" if load.headroom_calls is None else f"{load.headroom_calls:.1f}"
+    fields = [
+        f"utilisation={load.utilisation:.3f}",
+        f"capacity_audio_s_per_s={load.capacity:.3f}",
+        f"demand_audio_s_per_s={load.demand:.3f}",
+        f"headroom_calls={headroom}",
+    ]
+    if plan is not None:
+        rtf = ",".join(f"{n}t={r:.3f}" for n, r in sorted(plan.rtf.items()))
+        fields += [f"plan={plan.name}", f"plan_source={plan.source}", f"plan_rtf={rtf}"]
+    return fields
 
 
 #: RuntimeStats counters exported by METRICS as ``ttsdock_engine_<name>_total``.

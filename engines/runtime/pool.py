@@ -61,6 +61,7 @@ class Step:
     wait_s: float  # time the job waited in the queue while ready
     finished: bool  # the generator is done (or closed); no requeue
     error: BaseException | None = None
+    cores: int = 1  # cores the unit was granted (``UnitGrant.cores``)
 
 
 @dataclass(eq=False)
@@ -203,6 +204,7 @@ class SynthesisPool:
             set_unit_grant(grant)
             try:
                 step = job.ctx.run(self._step, job, wait_s)
+                step.cores = grant.cores
             finally:
                 set_unit_grant(None)
                 with self._cond:

@@ -244,6 +244,32 @@ class Synthesizer(Protocol):
         """Release models (called on SHUTDOWN)."""
 
 
+@dataclass(frozen=True)
+class PlanInfo:
+    """How an engine runs its model on this machine (``ExecutionPlan.plan``).
+
+    ``name``: the plan (e.g. ``int8`` or ``fp32-conv2d``); ``source``: ``measured``,
+    ``cached``, ``forced`` or ``default``; ``rtf``: compute seconds per audio second by
+    intra-op thread count; ``capacity``: audio seconds the engine can make per wall
+    second on all cores (0: unknown).
+    """
+
+    name: str
+    source: str
+    rtf: dict[int, float]
+    capacity: float
+
+
+@runtime_checkable
+class ExecutionPlan(Protocol):
+    """Optional: an engine that reports its execution plan and speed (STATUS, METRICS,
+    the ``model_ready`` log line, the load figures). Non-blocking: it reads a few numbers
+    and may be called on the event loop."""
+
+    def plan(self) -> PlanInfo:
+        """The plan in use and its measured speed."""
+
+
 @runtime_checkable
 class TextControl(Protocol):
     """Optional methods of a ``Synthesizer`` with a text front end (``engines.text``).
