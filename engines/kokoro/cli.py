@@ -181,6 +181,12 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         help=f"largest window in frames (default: {MAX_FRAMES})",
     )
     g.add_argument(
+        "--plan",
+        default=env("KOKORO_PLAN", str, "auto"),
+        help="decoder plan: auto measures the candidates (int8, fp32, fp32_conv2d) once on "
+        "this CPU and caches the fastest beside the model; a name forces it [env KOKORO_PLAN]",
+    )
+    g.add_argument(
         "--assume-rtf",
         type=float,
         default=None,
@@ -224,6 +230,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         min_window=args.min_window,
         max_window=args.max_window,
         assume_rtf=args.assume_rtf,
+        plan=args.plan,
         name=getattr(args, "name", "kokoro"),
         text=text_options(args),
     )

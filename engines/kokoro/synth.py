@@ -69,6 +69,7 @@ from engines.kokoro.frontend import (
     Vocab,
     Word,
 )
+from engines.kokoro.graph_split import SplitGraphs, split_sources
 from engines.kokoro.models import (
     DEFAULT_VOICE,
     ModelFileError,
@@ -79,9 +80,11 @@ from engines.kokoro.models import (
     load_voice_file,
     pick_voice,
     resolve_model_files,
+    sha256_file,
 )
 from engines.kokoro.pacing import Pace, next_window_frames, plan_first_end
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
+from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
 from engines.kokoro.windows import (
     CONTEXT_FRAMES,
     CROSSFADE_SAMPLES,
@@ -102,6 +105,7 @@ from engines.runtime.synth import (
     CallState,
     CancelToken,
     FloatArray,
+    PlanInfo,
     SynthesisCancelled,
     SynthesisError,
     UnitGrant,
@@ -120,6 +124,10 @@ FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence 
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
 DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
+PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
+#: decode compute of a sentence, with its windows' context frames and the prosody pass,
+#: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
+WINDOW_OVERHEAD = 1.25
 MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
 PROSODY_STYLE = "kokoro_style"
 PROSODY_VOICE = "kokoro_voice"
@@ -154,6 +162,8 @@ class KokoroConfig:
     #: pace windows as if decoding took this many compute s per audio s (None: measure);
     #: makes window plans independent of the machine (tests, reproducible runs)
     assume_rtf: float | None = None
+    #: decoder plan: "auto" (measured once per machine and cached) or a variant name
+    plan: str = "auto"
     name: str = "kokoro"
     text: TextOptions = field(default_factory=TextOptions)  # --no-normalize, --lexicon
 
@@ -178,6 +188,10 @@ class KokoroConfig:
         lo, hi = self.first_window
         if not 1 <= lo <= hi:
             raise ValueError(f"first window range {lo}..{hi} frames is empty")
+        if self.plan != "auto" and self.plan not in plan_names():
+            raise ValueError(
+                f"unknown plan {self.plan!r}: auto or one of {', '.join(plan_names())}"
+            )
         if self.assume_rtf is not None and not 0 < self.assume_rtf < 100:
             raise ValueError(f"assumed decode speed {self.assume_rtf} outside (0, 100)")
         if not 1 <= self.min_window <= self.max_window:
@@ -238,6 +252,7 @@ class KokoroSynthesizer:
         self._cache = AudioCache(int(self.config.prompt_cache_mb * 1024 * 1024))
         self._speed = _DecodeSpeed()
         self._boundary_ids: frozenset[int] = frozenset()
+        self._plan: PlanChoice | None = None
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
             "utterances": 0.0,
@@ -293,6 +308,7 @@ class KokoroSynthesizer:
 
                 self._backend = CoreMLBackend(files.variant_dir or files.model.parent)
             else:
+                stages = self._planned_stages(files.model, files.expected_sha256, voices)
                 self._backend = OnnxBackend(
                     files.model,
                     threads=cfg.threads,
@@ -300,8 +316,12 @@ class KokoroSynthesizer:
                     spinning=cfg.spinning,
                     edge_cap=cfg.edge_cap,
                     split=cfg.split,
+                    stages=stages,
                 )
         self._backend.load()
+        if self._plan is not None:
+            for n, rtf in self._plan.rtf.items():
+                self._speed.seed(n, rtf)
         marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
         set_marks = getattr(self._backend, "set_marks", None)
         if callable(set_marks):
@@ -322,6 +342,56 @@ class KokoroSynthesizer:
             default_voice=self._default_voice,
             g2p=self._frontend.g2p_name,
         )
+
+    def _planned_stages(
+        self, model: Path, sha256: str | None, voices: dict[str, VoicePack]
+    ) -> SplitGraphs | None:
+        """The split stages with the decoder of this machine's plan (``plans.choose``);
+        None: let the backend split the graph itself (not split, or no plan possible)."""
+        cfg = self.config
+        if not cfg.split or cfg.device == "cuda":
+            return None
+        stages = split_sources(model)
+        if stages is None:
+            return None
+        try:
+            self._plan = choose_plan(
+                model,
+                sha256 or sha256_file(model),
+                stages,
+                plan=cfg.plan,
+                probe=self._probe_prosody(stages, voices),
+                threads=(cfg.threads, available_cpus()),
+                spinning=cfg.spinning,
+            )
+        except Exception as exc:  # never worse than the shipped graph
+            if cfg.plan != "auto":
+                raise ModelFileError(f"plan {cfg.plan!r} cannot run: {exc}") from exc
+            log.warning("plan_calibration_failed", reason=repr(exc), fallback="int8")
+            return stages
+        return SplitGraphs(stages.prosody, self._plan.decoder)
+
+    def _probe_prosody(self, stages: SplitGraphs, voices: dict[str, VoicePack]) -> ProbeInput:
+        """The prosody of a fixed probe sentence (the shipped prosody stage, one thread)."""
+        phon = self.frontend.phonemes(self.frontend.speak(PROBE_TEXT))
+        tokens = [t for unit in sentence_units(phon.words, self.frontend.vocab.space, 510)
+                  for t in unit.tokens]  # fmt: skip
+        voice = pick_voice(voices, self._default_voice)
+        style = voice[min(len(tokens), len(voice)) - 1].astype(np.float32)
+        return ProbeInput.from_stage(stages.prosody, tokens, style)
+
+    def plan(self) -> PlanInfo:
+        """``ExecutionPlan``: the decoder plan and the measured decode speeds."""
+        cpus = available_cpus()
+        wide = self._threads_for(UnitGrant(cpus))
+        rtf = {n: self._speed.rtf(n) for n in sorted({1, wide})}
+        # a sentence costs its windows' context and the prosody pass on top of the decode
+        capacity = cpus / (rtf[1] * WINDOW_OVERHEAD) if rtf[1] > 0 else 0.0
+        if self._plan is None:
+            name, source = ("int8", "default") if self.split else ("whole", "default")
+        else:
+            name, source = self._plan.variant, self._plan.source
+        return PlanInfo(name=name, source=source, rtf=rtf, capacity=capacity)
 
     def warm_up(self) -> None:
         """One short synthesis per language, with one thread and with every core, so that
@@ -365,7 +435,7 @@ class KokoroSynthesizer:
 
     def status_suffix(self) -> str:
         g2p = self._frontend.g2p_name if self._frontend is not None else "espeak"
-        return f":G2P:{g2p}"
+        return f":G2P:{g2p}:PLAN:{self.plan().name}"
 
     def close(self) -> None:
         if self._backend is not None:
