@@ -70,7 +70,6 @@ from demo import (  # noqa: E402
     wait_for,
 )
 from kokoro_ttfa import parse_stats  # noqa: E402
-
 from slowdown import slowed  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402

@@ -351,7 +351,10 @@ class KokoroSynthesizer:
         cfg = self.config
         if not cfg.split or cfg.device == "cuda":
             return None
-        stages = split_sources(model)
+        try:
+            stages = split_sources(model)
+        except Exception:  # a corrupt or foreign graph: the backend says why
+            return None
         if stages is None:
             return None
         try:
