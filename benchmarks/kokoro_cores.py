@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = [(max(0, a - CTX), min(n, b + CTX)) for a, b in spans]
         audio_s = n / 40
 
-        def dec(span: tuple[int, int], grant: int) -> float:
+        def dec(span: tuple[int, int], grant: int, pros=pros, style=style) -> float:  # type: ignore[no-untyped-def]
             set_unit_grant(UnitGrant(grant, cores, 0))
             try:
                 t0 = time.perf_counter()
