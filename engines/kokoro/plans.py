@@ -45,7 +45,7 @@ log = structlog.get_logger(__name__)
 PLANS_VERSION = 1
 SHIPPED = "int8"
 AUTO = "auto"
-PROBE_FRAMES = 40  # kept frames of the probe window (1 s), decoded with context
+PROBE_FRAMES = 80  # kept frames of the probe window (2 s), decoded with context: a typical window
 PROBE_CONTEXT = 10
 PROBE_RUNS = 2  # timed runs per candidate and thread count (the fastest counts)
 #: Mean absolute difference of log10 magnitude spectra (n_fft 1024, hop 256) allowed

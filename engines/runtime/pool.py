@@ -170,10 +170,13 @@ class SynthesisPool:
     def _grant(self, now: float) -> UnitGrant:
         """The cores a unit taken now may use (called with the lock held, ``busy``
         already counting it): the cores no other running unit holds, while no other
-        unit is ready and waiting; else one."""
+        unit is ready and waiting; else one. ``others``: utterances in progress that
+        are not parked."""
         waiting = self._queue.ready(now)
         cores = 1 if waiting else max(1, self.cpus - (self.busy - 1))
-        return UnitGrant(cores=cores, cpus=self.cpus, others=max(0, len(self._open) - 1))
+        # utterances parked far ahead of their listener need no inference soon
+        others = len(self._open) - self._queue.parked(now) - 1
+        return UnitGrant(cores=cores, cpus=self.cpus, others=max(0, others))
 
     def _take(self) -> tuple[Job, float, UnitGrant] | None:
         """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""
