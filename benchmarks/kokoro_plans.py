@@ -333,6 +333,9 @@ def main() -> None:
                 print(f"{n:<20} " + " ".join(f"{m:8.0f}" for m in pms))
         del sess, psess
     print(f"# load at end: {os.getloadavg()}")
+    if args.cpu_quota > 0:  # did the quota bind? (on a busy box it may not)
+        stat = Path("/sys/fs/cgroup/cpu/slowbench/cpu.stat").read_text().split()
+        print("# cgroup cpu.stat:", dict(zip(stat[::2], stat[1::2], strict=False)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
