@@ -20,7 +20,8 @@ kernels; ONNX Runtime has no run-time switch for that). ``--cpu-quota 1.0``
 puts the process in a cgroup-v1 CPU quota of that many CPUs (needs root).
 
 Measured (2026-12-02, "Intel(R) Xeon(R) Processor", 2 vCPU, AVX-512+VNNI+AMX, load 7-12 on
-the shared box; 1 thread, paired native/AVX2 processes run at the same time, ms per
+the shared box; 1 thread; native and AVX2 processes run at the same time (w64/w200 one such
+pair, w32/w120 another), median of 3-4, ms per
 second of kept audio; ratio to int8 in brackets):
 
     plan          native w32/w64/w120/w200                 AVX2 shim w32/w64/w120/w200
