@@ -19,6 +19,21 @@ preloaded (CPUID faulting hides AVX-512/AMX/AVX-VNNI, so MLAS picks its AVX2
 kernels; ONNX Runtime has no run-time switch for that). ``--cpu-quota 1.0``
 puts the process in a cgroup-v1 CPU quota of that many CPUs (needs root).
 
+Measured (2026-12-02, "Intel(R) Xeon(R) Processor", 2 vCPU, AVX-512+VNNI+AMX, load 7-12 on
+the shared box; 1 thread; native and AVX2 processes run at the same time (w64/w200 one such
+pair, w32/w120 another), median of 3-4, ms per
+second of kept audio; ratio to int8 in brackets):
+
+    plan          native w32/w64/w120/w200                 AVX2 shim w32/w64/w120/w200
+    int8          7800 / 5144 / 6675 / 5055                7666 / 6781 / 7231 / 5323
+    fp32          5851 (.75) / 4575 (.89) / 5769 (.86) / 4534 (.90)
+                                      11478 (1.50) / 7836 (1.16) / 7271 (1.01) / 5710 (1.07)
+    fp32_conv2d   6067 (.78) / 4446 (.86) / 4848 (.73) / 3677 (.73)
+                                       9601 (1.25) / 6692 (0.99) / 7430 (1.03) / 3727 (0.70)
+
+Numerics: fp32 vs int8 log-spectral distance 0.20, SNR 13.5 dB (the model's own
+precision); fp32_conv2d vs fp32 SNR 109 dB (exact).
+
     python benchmarks/kokoro_plans.py [--threads 1,2] [--windows 32,64,120,200]
         [--plans int8,fp32,fp32_conv2d] [--reps 5] [--whole 0,1,2] [--avx2]
         [--cpu-quota 1.0] [--json out.json]
@@ -333,6 +348,9 @@ def main() -> None:
                 print(f"{n:<20} " + " ".join(f"{m:8.0f}" for m in pms))
         del sess, psess
     print(f"# load at end: {os.getloadavg()}")
+    if args.cpu_quota > 0:  # did the quota bind? (on a busy box it may not)
+        stat = Path("/sys/fs/cgroup/cpu/slowbench/cpu.stat").read_text().split()
+        print("# cgroup cpu.stat:", dict(zip(stat[::2], stat[1::2], strict=False)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
