@@ -74,7 +74,7 @@ from demo import (  # noqa: E402
     wait_for,
 )
 from kokoro_ttfa import parse_stats  # noqa: E402
-from slowdown import slowed  # noqa: E402
+from slowdown import avx2_emulated, reexec_avx2, slowed  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
@@ -595,12 +595,20 @@ def main(argv: list[str] | None = None) -> int:
         help="emulate a CPU FACTOR times slower (default when given: 2)",
     )
     p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
+    p.add_argument(
+        "--avx2",
+        action="store_true",
+        help="emulate an AVX2-only CPU (re-runs with benchmarks/cpuid_avx2.c preloaded)",
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--rss-every", type=float, default=10.0, help="sample the engine's RSS every S s"
     )
     p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")
     args = p.parse_args(argv)
+    if args.avx2:
+        reexec_avx2()
+    print(f"instruction set: {'AVX2 only (emulated)' if avx2_emulated() else 'native'}")
     try:
         args.calls = [int(x) for x in args.calls.split(",") if x.strip()]
     except ValueError:

@@ -64,7 +64,7 @@ from demo import (  # noqa: E402
     stop_processes,
     wait_for,
 )
-from slowdown import slowed  # noqa: E402
+from slowdown import avx2_emulated, reexec_avx2, slowed  # noqa: E402
 
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
@@ -457,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         help="emulate a CPU FACTOR times slower (slowdown.py; default when given: 2)",
     )
     p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
+    p.add_argument(
+        "--avx2",
+        action="store_true",
+        help="emulate an AVX2-only CPU (re-runs with benchmarks/cpuid_avx2.c preloaded)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
     p.add_argument("--no-edge-cap", action="store_true", help="render the full edge silence")
@@ -480,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default="out/kokoro_ttfa", help="dock mode: dock.log, kokoro.log")
     p.set_defaults(direct=False)
     args = p.parse_args(argv)
+    if args.avx2:
+        reexec_avx2()
+    print(f"instruction set: {'AVX2 only (emulated)' if avx2_emulated() else 'native'}")
     mdir = args.models_dir or default_models_dir()
     model = assemble_default_model(mdir)
     print(

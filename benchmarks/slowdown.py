@@ -13,9 +13,12 @@ Two ways, both measured against the same box unslowed in the same session:
   cores, not slower ones: a single thread still runs at full speed while the
   quota allows.
 
-Either way the result is only an emulation: an AVX2-only CPU is slower at int8
-kernels than at float ones, which neither way reproduces (see the README's plan
-table by CPU class).
+Neither way changes the instruction set. ``--avx2`` (``reexec_avx2``) does: the
+benchmark re-runs itself, and so every process it starts, with ``cpuid_avx2.c``
+preloaded, which hides AVX-512, AMX and AVX-VNNI from CPUID (CPUID faulting), so
+ONNX Runtime picks its AVX2 kernels as on an AVX2-only server. Combined with
+``--slow`` it approximates a small AVX2-only cloud instance; it emulates the
+instruction set, not that CPU's microarchitecture.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -87,3 +93,22 @@ def slowed(mode: str, factor: float, pids: Sequence[int] = ()) -> Iterator[str]:
                     parent.write_text(line)
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+AVX2_MARK = "TTSDOCK_BENCH_AVX2"
+
+
+def reexec_avx2() -> None:
+    """Re-run this process with the CPUID shim preloaded (once; needs gcc and a CPU with
+    CPUID faulting, the ``cpuid_fault`` flag)."""
+    if os.environ.get(AVX2_MARK):
+        return
+    src = Path(__file__).with_name("cpuid_avx2.c")
+    lib = Path(tempfile.gettempdir()) / "ttsdock_cpuid_avx2.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    env = dict(os.environ, LD_PRELOAD=str(lib), **{AVX2_MARK: "1"})
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def avx2_emulated() -> bool:
+    return bool(os.environ.get(AVX2_MARK))

@@ -87,11 +87,13 @@ class PlanChoice:
 
 
 def cpu_fingerprint() -> str:
-    """The CPU model name and flags (Linux: /proc/cpuinfo; elsewhere ``platform``)."""
+    """The CPU model name and flags (Linux: /proc/cpuinfo; elsewhere ``platform``), and any
+    preloaded library (a CPUID shim changes the features ONNX Runtime sees)."""
+    preload = os.environ.get("LD_PRELOAD", "")
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return f"{platform.machine()}|{platform.processor()}"
+        return f"{platform.machine()}|{platform.processor()}|{preload}"
     model = flags = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -100,7 +102,7 @@ def cpu_fingerprint() -> str:
             model = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = " ".join(sorted(value.split()))
-    return f"{platform.machine()}|{model}|{flags}"
+    return f"{platform.machine()}|{model}|{flags}|{preload}"
 
 
 def fingerprint(model_sha256: str) -> dict[str, str]:
