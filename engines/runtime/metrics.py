@@ -45,14 +45,15 @@ MetricSource = Callable[[], list[Family]]
 
 def latency_summary(name: str, w: LatencyWindow) -> Family:
     """A latency window as a summary in seconds: recent quantiles, cumulative sum/count."""
-    return summary(name, {q / 100: w.p(q) / 1000 for q in (50, 90, 99)}, w.total_ms / 1000, w.count)
+    quantiles = {q / 100: round(w.p(q) / 1000, 6) for q in (50, 90, 99)}
+    return summary(name, quantiles, round(w.total_ms / 1000, 6), w.count)
 
 
 def engine_families(stats: RuntimeStats, calls: CallManager) -> list[Family]:
     st, p = stats, PREFIX
     fams = [counter(f"{p}{name}_total", getattr(st, name)) for name in METRIC_COUNTERS]
-    fams.append(counter(f"{p}underrun_seconds_total", st.underrun_ms / 1000))
-    fams.append(counter(f"{p}audio_seconds_sent_total", st.samples_sent / SAMPLE_RATE))
+    fams.append(counter(f"{p}underrun_seconds_total", round(st.underrun_ms / 1000, 6)))
+    fams.append(counter(f"{p}audio_seconds_sent_total", round(st.samples_sent / SAMPLE_RATE, 6)))
     for name, window in (
         ("ttfa_seconds", st.ttfa),
         ("queue_wait_seconds", st.queue_wait),

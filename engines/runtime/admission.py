@@ -1,0 +1,100 @@
+"""Admission of protocol requests (HTTP, Wyoming): phone calls come first.
+
+Rule 1: one decision lives here: may a new protocol request start now? It may not
+when ``--protocol-max-requests`` are already running (429), or when the engine's
+predicted headroom is below one call (503): the request would take compute the
+docked phone calls need and make them stutter. Every refusal is counted by reason,
+and carries a ``Retry-After``.
+Rule 2: the prediction is not made here. ``Headroom`` is the seam: the engine-wide
+load meter (utilisation, predicted headroom in calls) plugs in there;
+``SchedulerHeadroom`` is the fallback, read from the inference scheduler's
+snapshot and ``--max-concurrent``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from engines.runtime.calls import CallManager
+
+RETRY_AFTER_S = 1  # seconds a refused client is asked to wait
+MIN_HEADROOM_CALLS = 1.0  # a new request needs at least one call's worth of headroom
+
+
+class Headroom(Protocol):
+    """How many more calls the engine can carry in real time, as predicted now."""
+
+    def headroom_calls(self) -> float | None:
+        """Predicted spare capacity in calls; ``None`` when unknown (the request is admitted)."""
+
+
+class SchedulerHeadroom:
+    """Fallback ``Headroom``: ``--max-concurrent`` minus the utterances in synthesis (the
+    scheduler's open jobs, or the running ones for a self-scheduled engine) and those
+    waiting for a slot. It knows nothing of compute per unit: a coarse stand-in for the
+    load meter."""
+
+    def __init__(self, calls: CallManager) -> None:
+        self.calls = calls
+
+    def headroom_calls(self) -> float | None:
+        c = self.calls
+        in_use = c.running
+        if c.pool is not None:
+            _queued, _parked, _busy, open_jobs = c.pool.snapshot()
+            in_use = max(in_use, open_jobs)
+        return float(c.max_concurrent - in_use - c.waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: int  # HTTP status: 503 (no headroom) or 429 (too many protocol requests)
+    reason: str  # counter label
+    message: str
+    retry_after_s: int = RETRY_AFTER_S
+
+
+class Admission:
+    """Counts running protocol requests; ``admit`` says yes (``None``) or why not."""
+
+    def __init__(self, headroom: Headroom, max_requests: int) -> None:
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+        self.headroom = headroom
+        self.max_requests = max_requests
+        self.active = 0
+        self.refused: Counter[str] = Counter()
+
+    def admit(self) -> Refusal | None:
+        """Take a request slot, or return why not (counted). Pair with ``release``."""
+        refusal: Refusal | None = None
+        if self.active >= self.max_requests:
+            refusal = Refusal(
+                429,
+                "max_requests",
+                f"{self.active} protocol requests are running (--protocol-max-requests "
+                f"{self.max_requests}); retry later",
+            )
+        else:
+            try:
+                room = self.headroom.headroom_calls()
+            except Exception:  # a broken meter must not refuse everything: unknown
+                room = None
+            if room is not None and room < MIN_HEADROOM_CALLS:
+                refusal = Refusal(
+                    503,
+                    "no_headroom",
+                    f"the engine has no spare capacity (predicted headroom {room:.2f} calls); "
+                    "phone calls come first, retry later",
+                )
+        if refusal is not None:
+            self.refused[refusal.reason] += 1
+            return refusal
+        self.active += 1
+        return None
+
+    def release(self) -> None:
+        self.active = max(0, self.active - 1)
