@@ -90,16 +90,16 @@ class SentenceBuffer:
         self._buf = ""
 
     def feed(self, text: str) -> list[str]:
+        """The sentences completed by ``text`` (a sentence end needs the space after it,
+        so "Dr." at the end of a chunk waits for the next one)."""
         self._buf += text
-        parts = split_sentences(self._buf)
-        if not parts:
+        last = None
+        for last in _SENTENCE_END.finditer(self._buf):  # noqa: B007 (the last match)
+            pass
+        if last is None:
             return []
-        if _SENTENCE_END.search(self._buf[-3:] + " ") is None or not self._buf[-1:].isspace():
-            # the last part may continue in the next chunk
-            self._buf = parts[-1]
-            return parts[:-1]
-        self._buf = ""
-        return parts
+        done, self._buf = self._buf[: last.end()], self._buf[last.end() :]
+        return split_sentences(done)
 
     def flush(self) -> list[str]:
         rest, self._buf = self._buf.strip(), ""

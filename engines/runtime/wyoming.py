@@ -165,8 +165,12 @@ class WyomingSession(AsyncEventHandler):
                 await self._error("synthesize needs 'text'", "bad_request")
                 return True
             voice = syn.voice.name if syn.voice is not None else None
-            if await self._start(voice, stream=False):
-                await self._say(syn.text if isinstance(syn.text, str) else "", final=True)
+            text = syn.text if isinstance(syn.text, str) else ""
+            if len(text) > self.server.requests.max_input:  # refused before any audio-start
+                self.server.requests.stats.rejected["text"] += 1
+                await self._error(self._too_long(), "text_too_long")
+            elif await self._start(voice, stream=False):
+                await self._say(text, final=True)
         elif SynthesizeStart.is_type(event.type):
             try:
                 start = SynthesizeStart.from_event(event)
@@ -218,10 +222,9 @@ class WyomingSession(AsyncEventHandler):
         if req is None:
             return
         self.chars += len(text)
-        limit = self.server.requests.max_input
-        if self.chars > limit:
+        if self.chars > self.server.requests.max_input:
             self.server.requests.stats.rejected["text"] += 1
-            await self._error(f"text over the limit of {limit} characters", "text_too_long")
+            await self._error(self._too_long(), "text_too_long")
             req.cancel("text_too_long")
             return
         sentences = self.buffer.feed(text) if self.streaming else [text]
@@ -258,6 +261,9 @@ class WyomingSession(AsyncEventHandler):
             if self.request is req:
                 self.request = None
                 self.streaming = False
+
+    def _too_long(self) -> str:
+        return f"text over the limit of {self.server.requests.max_input} characters"
 
     async def _error(self, text: str, code: str) -> None:
         with contextlib.suppress(ConnectionError, OSError):
