@@ -181,9 +181,9 @@ class WyomingSession(AsyncEventHandler):
             await self._start(voice, stream=True)
         elif SynthesizeChunk.is_type(event.type):
             if self.streaming and self.request is not None:
-                text = event.data.get("text")
-                if isinstance(text, str):
-                    await self._say(text, final=False)
+                piece = event.data.get("text")
+                if isinstance(piece, str):
+                    await self._say(piece, final=False)
         elif SynthesizeStop.is_type(event.type):
             if self.streaming and self.request is not None:
                 await self._say("", final=True)
