@@ -484,3 +484,18 @@ def test_loopback_socket_default() -> None:
     assert HttpSettings().host == "127.0.0.1"
     with socket.socket() as s:  # (nothing listens on a port of an engine without the flag)
         s.bind(("127.0.0.1", 0))
+
+
+def test_engine_refuses_a_public_listener_without_token(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engines.runtime.cli import common_parser, run_engine
+
+    args = common_parser("tone").parse_args(["--http-host", "0.0.0.0", "--http-port", "0"])
+    assert run_engine(ToneSynth(), args) == 2  # a usage error, before anything is bound
+    assert "--http-token-file" in capsys.readouterr().err
+    token = tmp_path / "token"
+    token.write_text("short\n")
+    args = common_parser("tone").parse_args(["--http-port", "0", "--http-token-file", str(token)])
+    assert run_engine(ToneSynth(), args) == 2
+    assert "16 characters" in capsys.readouterr().err
