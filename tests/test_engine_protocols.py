@@ -77,8 +77,8 @@ async def test_openai_streaming_speech_arrives_while_it_is_made() -> None:
                 arrivals.append((time.monotonic() - t0, len(chunk)))
         total = sum(n for _t, n in arrivals)
         assert total == 6 * 2400 * 2  # six 100 ms phrases, 16-bit
-        first_t = arrivals[0][0]
-        assert first_t < 0.6 < arrivals[-1][0]  # the first audio left long before the end
+        # the first audio left long before the end (five more phrases of 0.15 s each)
+        assert len(arrivals) >= 2 and arrivals[0][0] < arrivals[-1][0] - 0.4
         assert synth.calls[0].voice == "beta"
         assert synth.calls[0].call_id >= REQUEST_CALL_BASE  # never a u32 dock call id
 

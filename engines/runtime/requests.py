@@ -225,6 +225,8 @@ class ProtocolRequest:
             return False
         calls = self.owner.calls
         for piece in pieces(text):
+            if self.call_id not in calls.calls:  # evicted (--max-calls): never reopen it, as
+                return False  # a new call would send its audio to the dock
             dropped = calls.stats.texts_dropped
             self.pending += 1
             calls.on_text(self.call_id, piece.encode("utf-8"), time.monotonic_ns())
@@ -247,7 +249,8 @@ class ProtocolRequest:
             self.owner.stats.cancelled[self.protocol] += 1
             log.info("request_cancelled", call_id=self.call_id, reason=reason)
         self.audio.close()
-        self.owner.calls.on_speech_active(self.call_id, time.monotonic_ns())
+        if self.call_id in self.owner.calls.calls:
+            self.owner.calls.on_speech_active(self.call_id, time.monotonic_ns())
         self.close()
 
     def close(self) -> None:
