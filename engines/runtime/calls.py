@@ -20,7 +20,9 @@ packet + audio produced, shifted by underruns) minus its estimated next unit
 next unit only after it has sent the last one (and the dock socket has drained),
 so a call whose queue is full stops pulling from synthesis.
 Rule 2: this file does not know the wire: audio leaves through an
-``AudioSink`` (the dock client), and events arrive as method calls.
+``AudioSink`` (the dock client; for a protocol request, HTTP or Wyoming, the
+sink of that request: ``open_request``, ``engines.runtime.requests``), and
+events arrive as method calls.
 
 Barge-in guarantee: ``on_speech_active`` runs synchronously when the
 SPEECH_ACTIVE frame is decoded; it cancels the utterance's token, and the

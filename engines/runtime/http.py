@@ -274,7 +274,16 @@ class EngineHttp:
             await resp.write(wav_header(None))
         t0 = time.monotonic()
         while (pcm := await req.audio.next_pcm16()) is not None:
-            await resp.write(pcm)  # waits while the client's socket is full (back-pressure)
+            # waits while the client's socket is full (back-pressure), but not for ever: a
+            # client that stops reading loses its request and its connection
+            try:
+                async with asyncio.timeout(req.audio.write_timeout):
+                    await resp.write(pcm)
+            except TimeoutError:
+                req.cancel("client_not_reading")
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
         await resp.write_eof()
         log.debug("speech_streamed", call_id=req.call_id, took_s=round(time.monotonic() - t0, 3))
         return resp
