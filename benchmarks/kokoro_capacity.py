@@ -25,8 +25,16 @@ run: 6 calls with long texts at once, so that the engine never waits for a call)
 divided by the audio seconds per second the pattern asks of one call (measured in
 the N = 1 run: audio / turn cycle).
 
+The limit is printed twice: from the engine's plan (its calibrated throughput on all
+cores, ``capacity_audio_s_per_s`` in STATS right after docking) and from the
+saturation run; capacity is printed as a share of each. ``--slow [FACTOR]`` runs
+everything on an emulated CPU FACTOR (default 2) times slower (``slowdown.py``:
+CPU burners pinned to each core, or ``--slow-mode quota``, a cgroup-v1 quota on the
+engine).
+
     python benchmarks/kokoro_capacity.py [--calls 1,2,3,4,6] [--seconds 20]
-        [--threads 2] [--synth-workers 1] [--models-dir DIR]
+        [--threads 1] [--synth-workers N] [--models-dir DIR] [--plan NAME]
+        [--slow [FACTOR]] [--slow-mode burn|quota]
 
 Quote numbers from a run under ``flock -x /tmp/ttsdock-cpu.lock`` with the load
 average it prints.
@@ -62,6 +70,7 @@ from demo import (  # noqa: E402
     wait_for,
 )
 from kokoro_ttfa import parse_stats  # noqa: E402
+from slowdown import slowed  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
@@ -180,10 +189,14 @@ class Engine:
         self.port = port
         self.stats: dict[str, float] = {}
         self.calls: dict[int, tuple[str, int, int]] = {}  # id -> (phase, queued, utterances)
+        self.plan = "?"
 
     async def poll(self) -> None:
         line = await ctl(self.port, "STATS")
         self.stats = parse_stats(line)
+        for fld in line.split(":")[1:]:
+            if fld.startswith("plan="):
+                self.plan = fld[5:]
         calls: dict[int, tuple[str, int, int]] = {}
         for fld in line.split(":")[1:]:
             key, _, value = fld.partition("=")
@@ -391,7 +404,25 @@ async def main_async(args: argparse.Namespace) -> int:
         "--synth-workers", str(args.synth_workers),
         "--max-concurrent", str(max(8, max(args.calls))),
     ]  # fmt: skip
-    procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
+    if args.plan:
+        engine_args += ["--plan", args.plan]
+    with contextlib.ExitStack() as stack:
+        if args.slow_mode == "burn":
+            print(stack.enter_context(slowed("burn", args.slow)), flush=True)
+        procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
+        if args.slow_mode == "quota":
+            print(stack.enter_context(slowed("quota", args.slow, [procs[1].pid])), flush=True)
+        return await _measure(args, ports, oap, servers, procs, log_dir)
+
+
+async def _measure(
+    args: argparse.Namespace,
+    ports: dict[str, int],
+    oap: FakeOap,
+    servers: list[asyncio.Server],
+    procs: list,  # type: ignore[type-arg]
+    log_dir: Path,
+) -> int:
     poller: asyncio.Task[None] | None = None
     try:
 
@@ -406,6 +437,10 @@ async def main_async(args: argparse.Namespace) -> int:
         await asyncio.wait_for(oap.data_connected.wait(), 10)
         print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
         engine = Engine(ports["engine_cmd"])
+        await engine.poll()
+        plan_rate = engine.stats.get("capacity_audio_s_per_s", float("nan"))
+        plan = engine.plan
+        print(f"engine plan {plan}: {plan_rate:.2f} audio s per wall s on all cores", flush=True)
         poller = asyncio.create_task(engine.poll_forever())
         texts = Sentences(args.seed)
         results: list[Result] = []
@@ -425,7 +460,7 @@ async def main_async(args: argparse.Namespace) -> int:
         rate = await saturate(1000 * (len(args.calls) + 1), oap, engine, ports, texts)
         await engine.poll()
         hits = engine.stats.get("synth.prompt_cache_hits", float("nan"))
-        report(args, results, rate, hits)
+        report(args, results, rate, hits, plan_rate, plan)
         return 0
     finally:
         if poller is not None:
@@ -435,11 +470,19 @@ async def main_async(args: argparse.Namespace) -> int:
             s.close()
 
 
-def report(args: argparse.Namespace, results: list[Result], rate: float, hits: float) -> None:
+def report(
+    args: argparse.Namespace,
+    results: list[Result],
+    rate: float,
+    hits: float,
+    plan_rate: float,
+    plan: str,
+) -> None:
     print()
     print(
-        f"threads {args.threads}, synth-workers {args.synth_workers}, {args.seconds:.0f} s "
-        f"per N; prompt cache hits {hits:.0f}"
+        f"threads {args.threads}, synth-workers {args.synth_workers}, plan {plan}, "
+        f"{args.seconds:.0f} s per N; prompt cache hits {hits:.0f}; "
+        + (f"slowed x{args.slow:g} ({args.slow_mode})" if args.slow > 1 else "not slowed")
     )
     print(f"{'N':>3} {'timed':>5} {'ttfa_p50':>9} {'ttfa_p95':>9} {'turns':>6} {'gap%':>6} "
           f"{'maxgap':>7} {'underruns':>9}  ok")  # fmt: skip
@@ -469,9 +512,16 @@ def report(args: argparse.Namespace, results: list[Result], rate: float, hits: f
         f"{GAP_SHARE_TARGET:.0%} of turns with a gap > {GAP_S * 1000:.0f} ms, for N and every "
         "smaller N)"
     )
+    limit = plan_rate / demand
     print(
-        f"physical limit: {rate:.2f} audio s per wall s (engine saturated) / {demand:.2f} audio s "
-        f"per s asked by one call (N=1 run) = {rate / demand:.2f} calls"
+        f"physical limit (plan): {plan_rate:.2f} audio s per wall s on all cores / {demand:.2f} "
+        f"audio s per s asked by one call (N=1 run) = {limit:.2f} calls; capacity "
+        f"{capacity} = {capacity / limit:.0%} of it"
+    )
+    print(
+        f"physical limit (measured): {rate:.2f} audio s per wall s (engine saturated) / "
+        f"{demand:.2f} = {rate / demand:.2f} calls; capacity {capacity} = "
+        f"{capacity / (rate / demand):.0%} of it"
     )
     print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
@@ -490,6 +540,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f"engine --synth-workers (engine default here: {SYNTH_WORKERS}, one per core)",
     )
     p.add_argument("--models-dir", type=Path, default=None)
+    p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
+    p.add_argument(
+        "--slow",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=1.0,
+        metavar="FACTOR",
+        help="emulate a CPU FACTOR times slower (default when given: 2)",
+    )
+    p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")
     args = p.parse_args(argv)

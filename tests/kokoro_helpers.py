@@ -71,7 +71,8 @@ def loaded_synth(models_dir: Path) -> Iterator[KokoroSynthesizer]:
 
     model = models_dir / "kokoro" / KOKORO_INT8_NAME
     synth = KokoroSynthesizer(
-        KokoroConfig(models_dir=models_dir, prompt_cache_mb=16),
+        # windows paced as on a fast CPU, whatever this machine's speed
+        KokoroConfig(models_dir=models_dir, prompt_cache_mb=16, assume_rtf=0.3),
         backend=SpyBackend(model, threads=2),
     )
     synth.load()

@@ -28,6 +28,7 @@ from runtime_helpers import FakeDock, ToneSynth, cmd
 
 from engines.runtime.admission import Admission, SchedulerHeadroom
 from engines.runtime.requests import REQUEST_CALL_BASE, SentenceBuffer, pieces
+from engines.runtime.synth import PlanInfo
 from svc.http import HttpConfigError, HttpSettings, token_ok
 
 openai = pytest.importorskip("openai")
@@ -129,10 +130,21 @@ async def test_models_voices_health() -> None:
 
 async def test_health_shows_a_plan_the_synthesiser_exposes() -> None:
     synth = ToneSynth()
-    synth.plan = lambda: {"windows": [12, 24]}  # type: ignore[attr-defined]
+    info = PlanInfo("fp32-conv2d", "measured", {1: 0.4, 2: 0.25}, 5.0)
+    synth.plan = lambda: info  # type: ignore[attr-defined]
     async with serving_engine(synth, wyoming=False) as eng:
         _s, _h, body = await request(eng.http_port, "GET", "/health")
-        assert json.loads(body)["plan"] == {"windows": [12, 24]}
+        assert json.loads(body)["plan"] == {
+            "name": "fp32-conv2d",
+            "source": "measured",
+            "rtf": {"1": 0.4, "2": 0.25},
+            "capacity_audio_s_per_s": 5.0,
+        }
+        _s, _h, raw = await request(eng.http_port, "GET", "/metrics")
+        fams = parse_metrics(raw.decode())
+        assert sample(fams, "ttsdock_engine_plan_info", plan="fp32-conv2d") == 1
+        # the load meter predicts from the plan: 5.0 x 0.7 / 0.75 calls, none speaking
+        assert sample(fams, "ttsdock_engine_headroom_calls") == pytest.approx(4.667, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -499,3 +511,16 @@ def test_engine_refuses_a_public_listener_without_token(
     args = common_parser("tone").parse_args(["--http-port", "0", "--http-token-file", str(token)])
     assert run_engine(ToneSynth(), args) == 2
     assert "16 characters" in capsys.readouterr().err
+
+
+async def test_the_load_meter_decides_admission() -> None:
+    """With an execution plan the engine's load meter predicts the headroom: an engine
+    whose capacity is half a call's demand refuses a protocol request (503)."""
+    synth = ToneSynth()
+    synth.plan = lambda: PlanInfo("slow", "measured", {1: 2.0}, 0.5)  # type: ignore[attr-defined]
+    async with serving_engine(synth, wyoming=False) as eng:
+        status, headers, raw = await request(
+            eng.http_port, "POST", "/v1/audio/speech", {"model": "tone", "input": "hi"}
+        )
+        assert status == 503 and headers["Retry-After"] == "1", raw
+        assert "predicted headroom 0.47 calls" in json.loads(raw)["error"]["message"]

@@ -32,7 +32,14 @@ from engines.kokoro.graph_split import (
     DURATIONS_TENSOR as DURATIONS_TENSOR,
 )
 from engines.kokoro.models import ModelFileError
-from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled, SynthesisError
+from engines.runtime.synth import (
+    CancelToken,
+    FloatArray,
+    SynthesisCancelled,
+    SynthesisError,
+    available_cpus,
+    unit_grant,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -157,11 +164,15 @@ class OnnxBackend:
     that cannot be split (another export), or ``split=False``, is run whole
     with ``infer`` (``tokens``/``input_ids``, ``style``, ``speed`` -> ``audio``).
 
-    Threads: ``intra_op_num_threads=threads`` (default 2), one inter-op thread,
-    sequential execution, and no spin-waiting by default: on a 2-core box
-    shared with other calls and processes, spinning threads steal the CPU
-    that the other inference needs. CUDA is used when ``onnxruntime-gpu``
-    offers ``CUDAExecutionProvider`` (``device="auto"``).
+    Threads: each stage is loaded once per thread count, ``threads`` intra-op
+    threads (default 1) and ``wide_threads`` (default: every core the process may
+    use). A run takes the widest session that the inference pool grants its unit
+    (``engines.runtime.synth.unit_grant``): one call alone on the engine uses the
+    whole machine; with other calls waiting each run keeps to ``threads``. One
+    inter-op thread, sequential execution, and no spin-waiting by default: on a
+    box shared with other calls and processes, spinning threads steal the CPU
+    that the other inference needs. CUDA is used when ``onnxruntime-gpu`` offers
+    ``CUDAExecutionProvider`` (``device="auto"``; then one session per stage).
     Concurrent calls share the sessions; ``max_parallel`` runs execute at once
     (default 0: no gate here; the runtime's inference pool, ``--synth-workers``,
     bounds the runs of live calls).
@@ -174,11 +185,13 @@ class OnnxBackend:
         model_path: Path,
         *,
         threads: int = 2,
+        wide_threads: int | None = None,
         device: str = "auto",
         spinning: bool = False,
         max_parallel: int = 0,
         edge_cap: bool = True,
         split: bool = True,
+        stages: SplitGraphs | None = None,
     ) -> None:
         self.model_path = model_path
         self.edge_cap = edge_cap
@@ -187,25 +200,31 @@ class OnnxBackend:
         self.capped = False  # True once the loaded graph takes ``dur_cap``
         self.marks: frozenset[int] = frozenset()
         self.threads = max(1, threads)
+        self.wide_threads = max(self.threads, wide_threads or available_cpus())
         self.device = device
         self.spinning = spinning
+        self._stages = stages  # stage graphs given by the caller (a plan); else cut here
         self._gate: Any = (
             threading.BoundedSemaphore(max_parallel) if max_parallel > 0 else nullcontext()
         )
-        self.session: Any = None
-        self.prosody_session: Any = None
-        self.decoder_session: Any = None
+        #: stage ("whole", "prosody", "decoder") -> intra-op threads -> session
+        self.sessions: dict[str, dict[int, Any]] = {}
         self.providers: list[str] = []
         self._tokens_name = "tokens"
         self._speed_dtype: np.dtype[Any] = np.dtype(np.float32)
         self._style_dtype: np.dtype[Any] = np.dtype(np.float32)
         self._tokens_dtype: np.dtype[Any] = np.dtype(np.int64)
 
-    def _options(self) -> tuple[Any, list[str]]:
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        """The intra-op thread counts a stage is loaded with (ascending)."""
+        return tuple(sorted({self.threads, self.wide_threads}))
+
+    def _options(self, threads: int) -> tuple[Any, list[str]]:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
+        opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3
@@ -219,41 +238,73 @@ class OnnxBackend:
             log.warning("cuda_unavailable", providers=available)
         return opts, providers
 
-    def load(self) -> None:
+    def _load_stage(self, stage: str, source: str | bytes) -> None:
+        """One session of ``source`` per thread count (one in all on CUDA)."""
         import onnxruntime as ort
 
+        loaded: dict[int, Any] = {}
+        for n in self.thread_counts:
+            opts, providers = self._options(n)
+            sess = ort.InferenceSession(source, opts, providers=providers)
+            loaded[n] = sess
+            if sess.get_providers()[0] != "CPUExecutionProvider":
+                break  # a GPU session: threads do not matter
+        self.sessions[stage] = loaded
+
+    def session(self, stage: str, cores: int | None = None) -> Any:
+        """The session of ``stage`` with the most threads within ``cores`` (default: the
+        running unit's grant); ``None`` when the stage is not loaded."""
+        loaded = self.sessions.get(stage)
+        if not loaded:
+            return None
+        if cores is None:
+            cores = unit_grant().cores
+        fits = [n for n in loaded if n <= cores]
+        return loaded[max(fits)] if fits else loaded[min(loaded)]
+
+    def threads_for(self, cores: int) -> int:
+        """Intra-op threads of the session a unit granted ``cores`` runs on."""
+        fits = [n for n in self.thread_counts if n <= cores]
+        return max(fits) if fits else self.threads
+
+    @property
+    def prosody_session(self) -> Any:
+        return self.session("prosody", self.threads)
+
+    @property
+    def decoder_session(self) -> Any:
+        return self.session("decoder", self.threads)
+
+    def load(self) -> None:
         if not self.model_path.is_file():
             raise ModelFileError(f"model file {self.model_path} does not exist")
-        opts, providers = self._options()
-        graphs: SplitGraphs | None = None
-        if self.want_split:
+        graphs: SplitGraphs | None = self._stages
+        if self.want_split and graphs is None:
             try:
                 graphs = split_sources(self.model_path)
             except Exception as exc:  # a corrupt or foreign graph: whole-utterance inference
                 log.warning("graph_split_unavailable", reason=repr(exc))
                 graphs = None
+        if not self.want_split:
+            graphs = None
         try:
             if graphs is not None:
-                self.prosody_session = ort.InferenceSession(
-                    graphs.prosody, opts, providers=providers
-                )
-                self.decoder_session = ort.InferenceSession(
-                    graphs.decoder, opts, providers=providers
-                )
-                inputs = {i.name: i for i in self.prosody_session.get_inputs()}
+                self._load_stage("prosody", graphs.prosody)
+                self._load_stage("decoder", graphs.decoder)
                 self.split = True
             else:
                 patched = capped_model_source(self.model_path) if self.edge_cap else None
                 source = str(self.model_path) if patched is None else patched
-                self.session = ort.InferenceSession(source, opts, providers=providers)
+                self._load_stage("whole", source)
                 del patched, source
-                inputs = {i.name: i for i in self.session.get_inputs()}
         except Exception as exc:
+            self.sessions.clear()
             raise ModelFileError(
                 f"model file {self.model_path} is not a loadable ONNX model: {exc}"
             ) from exc
         del graphs
-        live = self.prosody_session if self.split else self.session
+        live = self.session("prosody" if self.split else "whole", self.threads)
+        inputs = {i.name: i for i in live.get_inputs()}
         self.providers = list(live.get_providers())
         types = {
             "tensor(float)": np.float32,
@@ -264,6 +315,8 @@ class OnnxBackend:
         self._tokens_name = "input_ids" if "input_ids" in inputs else "tokens"
         missing = {self._tokens_name, "style", "speed"} - set(inputs)
         if missing:
+            self.sessions.clear()
+            self.split = False
             raise ModelFileError(
                 f"model file {self.model_path} is not a Kokoro graph: inputs "
                 f"{sorted(inputs)} lack {sorted(missing)}"
@@ -276,7 +329,7 @@ class OnnxBackend:
             "model_loaded",
             path=str(self.model_path),
             providers=self.providers,
-            threads=self.threads,
+            threads=list(self.thread_counts),
             edge_cap=self.capped,
             split=self.split,
         )
@@ -338,15 +391,16 @@ class OnnxBackend:
         if self.split:
             prosody = self.prosody(tokens, style, speed, cancel)
             return self.decode(prosody, 0, prosody.n_frames, style, cancel)
-        outputs = self._run(self.session, self._feeds(tokens, style, speed), cancel)
+        outputs = self._run(self.session("whole"), self._feeds(tokens, style, speed), cancel)
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def prosody(
         self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
     ) -> Prosody:
         """The prosody stage for one sentence of ``tokens`` (<= 510)."""
-        outputs = self._run(self.prosody_session, self._feeds(tokens, style, speed), cancel)
-        names = [o.name for o in self.prosody_session.get_outputs()]
+        session = self.session("prosody")
+        outputs = self._run(session, self._feeds(tokens, style, speed), cancel)
+        names = [o.name for o in session.get_outputs()]
         out = dict(zip(names, outputs, strict=True))
         return Prosody(
             features=np.asarray(out["features"], np.float32),
@@ -369,13 +423,11 @@ class OnnxBackend:
             "phase": np.ascontiguousarray(prosody.phase[:, a:b, :]),
             "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
         }
-        outputs = self._run(self.decoder_session, feeds, cancel)
+        outputs = self._run(self.session("decoder"), feeds, cancel)
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def close(self) -> None:
-        self.session = None
-        self.prosody_session = None
-        self.decoder_session = None
+        self.sessions.clear()
         self.split = False
 
 

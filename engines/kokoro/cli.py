@@ -180,6 +180,20 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         default=MAX_FRAMES,
         help=f"largest window in frames (default: {MAX_FRAMES})",
     )
+    g.add_argument(
+        "--plan",
+        default=env("KOKORO_PLAN", str, "auto"),
+        help="decoder plan: auto measures the candidates (int8, fp32, fp32_conv2d) once on "
+        "this CPU and caches the fastest beside the model; a name forces it [env KOKORO_PLAN]",
+    )
+    g.add_argument(
+        "--assume-rtf",
+        type=float,
+        default=None,
+        metavar="RTF",
+        help="pace the windows as if decoding took RTF compute seconds per audio second "
+        "(default: the measured speed); makes window plans the same on every machine",
+    )
 
 
 def _frame_range(text: str) -> tuple[int, int]:
@@ -215,6 +229,8 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         first_window=args.first_window,
         min_window=args.min_window,
         max_window=args.max_window,
+        assume_rtf=args.assume_rtf,
+        plan=args.plan,
         name=getattr(args, "name", "kokoro"),
         text=text_options(args),
     )

@@ -58,7 +58,7 @@ import numpy as np
 import structlog
 
 from engines.kokoro import audio as audio_ops
-from engines.kokoro.backend import Backend, OnnxBackend, SplitBackend
+from engines.kokoro.backend import Backend, OnnxBackend, Prosody, SplitBackend
 from engines.kokoro.cache import AudioCache
 from engines.kokoro.frontend import (
     FrontEnd,
@@ -69,6 +69,7 @@ from engines.kokoro.frontend import (
     Vocab,
     Word,
 )
+from engines.kokoro.graph_split import SplitGraphs, split_sources
 from engines.kokoro.models import (
     DEFAULT_VOICE,
     ModelFileError,
@@ -79,8 +80,11 @@ from engines.kokoro.models import (
     load_voice_file,
     pick_voice,
     resolve_model_files,
+    sha256_file,
 )
+from engines.kokoro.pacing import Pace, next_window_frames, plan_first_end
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
+from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
 from engines.kokoro.windows import (
     CONTEXT_FRAMES,
     CROSSFADE_SAMPLES,
@@ -93,6 +97,7 @@ from engines.kokoro.windows import (
     boundary_frames,
     window_piece,
 )
+from engines.runtime.schedule import StepEstimate
 from engines.runtime.synth import (
     SAMPLE_RATE,
     SPEED_MAX,
@@ -100,8 +105,13 @@ from engines.runtime.synth import (
     CallState,
     CancelToken,
     FloatArray,
+    PlanInfo,
     SynthesisCancelled,
     SynthesisError,
+    UnitGrant,
+    available_cpus,
+    set_unit_grant,
+    unit_grant,
 )
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
@@ -113,12 +123,11 @@ FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence 
 #: Pause inserted between units by the break between them (word, clause, sentence).
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
 DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
-HEADROOM = 0.7  # plan the next window to be ready when 70 % of the queued audio has played
-#: While other utterances are in progress, one window's decode is kept to about this
-#: long, so the scheduler can interleave other calls' windows (a long unit cannot be
-#: preempted).
-BUSY_WINDOW_S = 0.4
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
+PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
+#: decode compute of a sentence, with its windows' context frames and the prosody pass,
+#: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
+WINDOW_OVERHEAD = 1.25
 MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
 PROSODY_STYLE = "kokoro_style"
 PROSODY_VOICE = "kokoro_voice"
@@ -150,6 +159,11 @@ class KokoroConfig:
     first_window: tuple[int, int] = FIRST_FRAMES
     min_window: int = MIN_FRAMES
     max_window: int = MAX_FRAMES
+    #: pace windows as if decoding took this many compute s per audio s (None: measure);
+    #: makes window plans independent of the machine (tests, reproducible runs)
+    assume_rtf: float | None = None
+    #: decoder plan: "auto" (measured once per machine and cached) or a variant name
+    plan: str = "auto"
     name: str = "kokoro"
     text: TextOptions = field(default_factory=TextOptions)  # --no-normalize, --lexicon
 
@@ -174,6 +188,12 @@ class KokoroConfig:
         lo, hi = self.first_window
         if not 1 <= lo <= hi:
             raise ValueError(f"first window range {lo}..{hi} frames is empty")
+        if self.plan != "auto" and self.plan not in plan_names():
+            raise ValueError(
+                f"unknown plan {self.plan!r}: auto or one of {', '.join(plan_names())}"
+            )
+        if self.assume_rtf is not None and not 0 < self.assume_rtf < 100:
+            raise ValueError(f"assumed decode speed {self.assume_rtf} outside (0, 100)")
         if not 1 <= self.min_window <= self.max_window:
             raise ValueError(
                 f"need 1 <= min window ({self.min_window}) <= max window ({self.max_window})"
@@ -181,17 +201,38 @@ class KokoroConfig:
 
 
 class _DecodeSpeed:
-    """Running estimate of decode compute seconds per decoded audio second."""
+    """Running estimates of decode compute seconds per decoded audio second, one per
+    intra-op thread count (a window decoded with more threads is faster)."""
 
-    def __init__(self) -> None:
-        self.rtf = DECODE_RTF_PRIOR
+    def __init__(self, prior: float = DECODE_RTF_PRIOR) -> None:
+        self.prior = prior
+        self._by_threads: dict[int, StepEstimate] = {}
         self._lock = threading.Lock()
 
-    def update(self, decoded_s: float, compute_s: float) -> None:
+    def seed(self, threads: int, rtf: float) -> None:
+        """Start the estimate of ``threads`` at a measured ``rtf`` (calibration)."""
+        with self._lock:
+            est = self._by_threads.setdefault(threads, StepEstimate())
+            est.n, est.value = 0, 0.0
+            est.add(rtf)
+
+    def update(self, threads: int, decoded_s: float, compute_s: float) -> None:
         if decoded_s <= 0:
             return
         with self._lock:
-            self.rtf = 0.7 * self.rtf + 0.3 * (compute_s / decoded_s)
+            self._by_threads.setdefault(threads, StepEstimate()).add(compute_s / decoded_s)
+
+    def rtf(self, threads: int = 1) -> float:
+        """The estimate for ``threads`` (else the nearest measured count, scaled by it)."""
+        with self._lock:
+            est = self._by_threads.get(threads)
+            if est is not None and est.n:
+                return est.value
+            known = [(n, e.value) for n, e in self._by_threads.items() if e.n]
+        if not known:
+            return self.prior
+        n, value = min(known, key=lambda kv: abs(kv[0] - threads))
+        return value * n / threads if threads > n else value
 
 
 class KokoroSynthesizer:
@@ -210,8 +251,8 @@ class KokoroSynthesizer:
         self._default_voice = self.config.voice or DEFAULT_VOICE
         self._cache = AudioCache(int(self.config.prompt_cache_mb * 1024 * 1024))
         self._speed = _DecodeSpeed()
-        self._active = 0  # utterances in progress (generators started, not finished)
         self._boundary_ids: frozenset[int] = frozenset()
+        self._plan: PlanChoice | None = None
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
             "utterances": 0.0,
@@ -224,6 +265,8 @@ class KokoroSynthesizer:
             "frames_decoded_total": 0.0,
             "audio_s_total": 0.0,
             "last_first_chunk_ms": 0.0,
+            "starts_delayed": 0.0,
+            "gaps_predicted": 0.0,
         }
 
     # -- Synthesizer interface -------------------------------------------------------
@@ -265,6 +308,7 @@ class KokoroSynthesizer:
 
                 self._backend = CoreMLBackend(files.variant_dir or files.model.parent)
             else:
+                stages = self._planned_stages(files.model, files.expected_sha256, voices)
                 self._backend = OnnxBackend(
                     files.model,
                     threads=cfg.threads,
@@ -272,8 +316,12 @@ class KokoroSynthesizer:
                     spinning=cfg.spinning,
                     edge_cap=cfg.edge_cap,
                     split=cfg.split,
+                    stages=stages,
                 )
         self._backend.load()
+        if self._plan is not None:
+            for n, rtf in self._plan.rtf.items():
+                self._speed.seed(n, rtf)
         marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
         set_marks = getattr(self._backend, "set_marks", None)
         if callable(set_marks):
@@ -295,11 +343,69 @@ class KokoroSynthesizer:
             g2p=self._frontend.g2p_name,
         )
 
+    def _planned_stages(
+        self, model: Path, sha256: str | None, voices: dict[str, VoicePack]
+    ) -> SplitGraphs | None:
+        """The split stages with the decoder of this machine's plan (``plans.choose``);
+        None: let the backend split the graph itself (not split, or no plan possible)."""
+        cfg = self.config
+        if not cfg.split or cfg.device == "cuda":
+            return None
+        stages = split_sources(model)
+        if stages is None:
+            return None
+        try:
+            self._plan = choose_plan(
+                model,
+                sha256 or sha256_file(model),
+                stages,
+                plan=cfg.plan,
+                probe=self._probe_prosody(stages, voices),
+                threads=(cfg.threads, available_cpus()),
+                spinning=cfg.spinning,
+            )
+        except Exception as exc:  # never worse than the shipped graph
+            if cfg.plan != "auto":
+                raise ModelFileError(f"plan {cfg.plan!r} cannot run: {exc}") from exc
+            log.warning("plan_calibration_failed", reason=repr(exc), fallback="int8")
+            return stages
+        return SplitGraphs(stages.prosody, self._plan.decoder)
+
+    def _probe_prosody(self, stages: SplitGraphs, voices: dict[str, VoicePack]) -> ProbeInput:
+        """The prosody of a fixed probe sentence (the shipped prosody stage, one thread)."""
+        phon = self.frontend.phonemes(self.frontend.speak(PROBE_TEXT))
+        tokens = [t for unit in sentence_units(phon.words, self.frontend.vocab.space, 510)
+                  for t in unit.tokens]  # fmt: skip
+        voice = pick_voice(voices, self._default_voice)
+        style = voice[min(len(tokens), len(voice)) - 1].astype(np.float32)
+        return ProbeInput.from_stage(stages.prosody, tokens, style)
+
+    def plan(self) -> PlanInfo:
+        """``ExecutionPlan``: the decoder plan and the measured decode speeds."""
+        cpus = available_cpus()
+        wide = self._threads_for(UnitGrant(cpus))
+        rtf = {n: self._speed.rtf(n) for n in sorted({1, wide})}
+        # a sentence costs its windows' context and the prosody pass on top of the decode
+        capacity = cpus / (rtf[1] * WINDOW_OVERHEAD) if rtf[1] > 0 else 0.0
+        if self._plan is None:
+            name, source = ("int8", "default") if self.split else ("whole", "default")
+        else:
+            name, source = self._plan.variant, self._plan.source
+        return PlanInfo(name=name, source=source, rtf=rtf, capacity=capacity)
+
     def warm_up(self) -> None:
-        for text in WARM_UP_TEXTS:
-            state = CallState(call_id=0)
-            for _ in self._synthesize(text, state, CancelToken(), use_cache=False):
-                pass
+        """One short synthesis per language, with one thread and with every core, so that
+        both decode speeds are measured before the first call."""
+        cpus = available_cpus()
+        for grant in (UnitGrant(1, cpus, 0), UnitGrant(cpus, cpus, 0)):
+            set_unit_grant(grant)
+            try:
+                for text in WARM_UP_TEXTS:
+                    state = CallState(call_id=0)
+                    for _ in self._synthesize(text, state, CancelToken(), use_cache=False):
+                        pass
+            finally:
+                set_unit_grant(None)
 
     def voices(self) -> list[str]:
         return sorted(self._voices)
@@ -318,7 +424,10 @@ class KokoroSynthesizer:
         out["prompt_cache_misses"] = float(self._cache.misses)
         out["prompt_cache_entries"] = float(len(self._cache))
         out["prompt_cache_mb"] = self._cache.nbytes / (1024 * 1024)
-        out["decode_rtf_estimate"] = self._speed.rtf
+        out["decode_rtf_estimate"] = self._speed.rtf(1)
+        wide = self._threads_for(UnitGrant(available_cpus()))
+        if wide > 1:
+            out[f"decode_rtf_estimate_{wide}t"] = self._speed.rtf(wide)
         out["split"] = 1.0 if self.split else 0.0
         if self._frontend is not None:
             out.update(self._frontend.stats())
@@ -326,7 +435,7 @@ class KokoroSynthesizer:
 
     def status_suffix(self) -> str:
         g2p = self._frontend.g2p_name if self._frontend is not None else "espeak"
-        return f":G2P:{g2p}"
+        return f":G2P:{g2p}:PLAN:{self.plan().name}"
 
     def close(self) -> None:
         if self._backend is not None:
@@ -379,8 +488,6 @@ class KokoroSynthesizer:
     def _synthesize(
         self, text: str, state: CallState, cancel: CancelToken, *, use_cache: bool
     ) -> Iterator[FloatArray]:
-        with self._stats_lock:
-            self._active += 1
         try:
             yield from self._run(text, state, cancel, use_cache)
         except (SynthesisError, SynthesisCancelled, GeneratorExit):
@@ -388,9 +495,6 @@ class KokoroSynthesizer:
         except Exception as exc:  # a bug or a backend surprise: one clear error type
             log.warning("synthesis_failed", error=repr(exc), call_id=state.call_id)
             raise SynthesisError(f"synthesis failed: {exc}") from exc
-        finally:
-            with self._stats_lock:
-                self._active -= 1
 
     def _run(
         self, text: str, state: CallState, cancel: CancelToken, use_cache: bool
@@ -482,26 +586,37 @@ class KokoroSynthesizer:
             cancel.raise_if_cancelled()
             yield out
 
-    def _budget_frames(self, state: CallState, emitted_s: float, t_first: float) -> int:
-        """Frames the next window may have so that it is ready before playback runs dry.
+    def _threads_for(self, grant: UnitGrant) -> int:
+        """Intra-op threads a unit with ``grant`` runs with (the backend's choice)."""
+        pick = getattr(self._backend, "threads_for", None)
+        return int(pick(grant.cores)) if callable(pick) else 1
 
-        The queued-ahead audio comes from the runtime's playback clock when it has one
-        (else from what this generator emitted since its first piece). With other
-        utterances in progress the inference is shared: the allowance is divided among
-        them, and one window is kept to about ``BUSY_WINDOW_S`` of decoding.
-        """
-        clock = getattr(state, "playback", None)
+    def _pace(self, grant: UnitGrant) -> Pace:
+        """Decode speed this utterance can count on for its next windows: all cores while
+        it is alone, else its share of them (others' units interleave with its own)."""
+        fixed = self.config.assume_rtf
+        if grant.others == 0:
+            wide = self._threads_for(UnitGrant(grant.cpus))
+            return Pace.from_rtf(fixed if fixed is not None else self._speed.rtf(wide))
+        rtf = fixed if fixed is not None else self._speed.rtf(1)
+        rtf /= min(1.0, grant.cpus / (grant.others + 1))
+        return Pace.from_rtf(rtf, shared=True)
+
+    def _ahead_s(self, state: CallState, emitted_s: float, t_first: float | None) -> float:
+        """Audio queued ahead of the listener: the runtime's playback clock when it has
+        one, else what this generator emitted since its first piece."""
+        clock = state.playback
         if clock is not None:
-            ahead = float(clock.ahead_s())
-        else:
-            ahead = emitted_s - (time.perf_counter() - t_first)
-        rtf = max(self._speed.rtf, 1e-3)
-        active = max(1, self._active)
-        ctx = 2 * self.config.window_context
-        frames = ahead * HEADROOM / (rtf * active) * FRAMES_PER_S - ctx
-        if active > 1:
-            frames = min(frames, BUSY_WINDOW_S / rtf * FRAMES_PER_S - ctx)
-        return int(frames)
+            return float(clock.ahead_s())
+        if t_first is None:
+            return 0.0
+        return emitted_s - (time.perf_counter() - t_first)
+
+    def _budget_frames(self, state: CallState, emitted_s: float, t_first: float | None) -> int:
+        """Frames the next window may have so that it is ready before playback runs dry
+        (``pacing.next_window_frames`` at this unit's grant)."""
+        ahead = self._ahead_s(state, emitted_s, t_first)
+        return next_window_frames(ahead, self._pace(unit_grant()), self.config.window_context)
 
     def _windows(
         self,
@@ -533,13 +648,15 @@ class KokoroSynthesizer:
                 context=cfg.window_context,
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
+            first_at = self._plan_start(planner, prosody, state, emitted, t_first)
             budget: int | None = None
-            while (w := planner.next(budget)) is not None:
+            while (w := planner.next(budget, first_at=first_at)) is not None:
                 cancel.raise_if_cancelled()
+                threads = self._threads_for(unit_grant())
                 t_d = time.perf_counter()
                 audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
                 compute = time.perf_counter() - t_d
-                self._speed.update(w.decoded_frames / FRAMES_PER_S, compute)
+                self._speed.update(threads, w.decoded_frames / FRAMES_PER_S, compute)
                 piece = window_piece(audio, w, CROSSFADE_SAMPLES)
                 piece = self._unit_edges(piece, unit, units, head=w.index == 0, tail=w.last)
                 out = joiner.push(piece)
@@ -561,14 +678,62 @@ class KokoroSynthesizer:
                     compute_ms=round(compute * 1000, 1),
                     prosody_ms=round(prosody_s * 1000, 1) if w.index == 0 else None,
                     budget=budget,
+                    threads=threads,
                 )
                 cancel.raise_if_cancelled()
                 if len(out) and t_first is None:
                     t_first = time.perf_counter()
                 emitted += len(out)
                 yield out
-                if t_first is not None:
-                    budget = self._budget_frames(state, emitted / SAMPLE_RATE, t_first)
+                budget = self._budget_frames(state, emitted / SAMPLE_RATE, t_first)
+
+    def _plan_start(
+        self,
+        planner: WindowPlanner,
+        prosody: Prosody,
+        state: CallState,
+        emitted: int,
+        t_first: float | None,
+    ) -> int | None:
+        """Where the sentence's first window ends (``pacing.plan_first_end``): the default
+        short window when the measured speed keeps up, later on a slow CPU; the predicted
+        gaps go to the playback clock (the runtime logs them beside the real ones)."""
+        cfg = self.config
+        grant = unit_grant()
+        pace = self._pace(grant)
+        ahead: float | None = self._ahead_s(state, emitted / SAMPLE_RATE, t_first)
+        if emitted == 0 and ahead is not None and ahead <= 0:
+            ahead = None  # the listener waits for this sentence: its start is not a gap
+        longest = None if grant.others == 0 else cfg.max_window
+        lead = int(prosody.durations[0])
+        end, forecast = plan_first_end(
+            prosody.n_frames,
+            planner.first_candidates(),
+            pace=pace,
+            context=cfg.window_context,
+            min_frames=cfg.min_window,
+            max_frames=cfg.max_window,
+            lead_skip=max(0, lead - int(LEAD_KEEP_S * FRAMES_PER_S)),
+            ahead_s=ahead,
+            longest=longest,
+        )
+        if state.playback is not None:
+            state.playback.predict(forecast.gaps, forecast.gap_s)
+        with self._stats_lock:
+            self._counters["starts_delayed"] += 1 if end > planner.first_candidates()[0] else 0
+            self._counters["gaps_predicted"] += forecast.gaps
+        log.debug(
+            "window_plan",
+            call_id=state.call_id,
+            frames=prosody.n_frames,
+            first_end=end,
+            rtf=round(pace.frame_s * FRAMES_PER_S, 3),
+            shared=pace.shared,
+            windows=forecast.windows,
+            gaps=forecast.gaps,
+            start_ms=round(forecast.start_s * 1000, 1),
+        )
+        return end
 
     def _count(
         self,

@@ -155,12 +155,23 @@ class WindowPlanner:
         self.count += 1
         return w
 
-    def next(self, budget: int | None = None) -> Window | None:
-        """The next window; ``budget`` frames of audio wanted (None: as large as allowed)."""
+    def first_candidates(self) -> list[int]:
+        """Ends the first window may have, earliest first (the start planner's choices):
+        the default range's earliest end, then every word boundary after it."""
+        lo = self.lead + self.first_frames[0]
+        return [lo, *(b for b in self.boundaries if b > lo)]
+
+    def next(self, budget: int | None = None, *, first_at: int | None = None) -> Window | None:
+        """The next window; ``budget`` frames of audio wanted (None: as large as allowed).
+
+        ``first_at``: the first window ends no earlier than this frame (the start
+        planner's choice on a slow CPU; default: the ``first_frames`` range)."""
         if self.done:
             return None
         if self.count == 0:
             lo, hi = self.lead + self.first_frames[0], self.lead + self.first_frames[1]
+            if first_at is not None and first_at > lo:
+                lo, hi = first_at, first_at + (hi - lo)
             if self.n - lo < self.min_frames:  # short sentence: the first window is all of it
                 return self._emit(self.n)
             return self._emit(self._cut(lo, hi))

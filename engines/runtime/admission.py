@@ -6,9 +6,11 @@ predicted headroom is below one call (503): the request would take compute the
 docked phone calls need and make them stutter. Every refusal is counted by reason,
 and carries a ``Retry-After``.
 Rule 2: the prediction is not made here. ``Headroom`` is the seam: the engine-wide
-load meter (utilisation, predicted headroom in calls) plugs in there;
-``SchedulerHeadroom`` is the fallback, read from the inference scheduler's
-snapshot and ``--max-concurrent``.
+load meter (``CallManager.headroom_calls``, ``load.py``: capacity x target
+utilisation minus demand, in calls) plugs in there; where it does not know
+(``None``: no plan and too little measured work yet, or a self-scheduled engine
+such as Qwen3, whose units the meter does not see), ``SchedulerHeadroom`` answers,
+from the inference scheduler's snapshot and ``--max-concurrent`` (``FirstKnown``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ class SchedulerHeadroom:
             _queued, _parked, _busy, open_jobs = c.pool.snapshot()
             in_use = max(in_use, open_jobs)
         return float(c.max_concurrent - in_use - c.waiting)
+
+
+class FirstKnown:
+    """The first of several ``Headroom`` predictions that is not ``None``."""
+
+    def __init__(self, *sources: Headroom) -> None:
+        self.sources = sources
+
+    def headroom_calls(self) -> float | None:
+        for source in self.sources:
+            room = source.headroom_calls()
+            if room is not None:
+                return room
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from engines.runtime.client import EngineClient
 from engines.runtime.cmdport import CommandHandler, reload_lexicon_reply
 from engines.runtime.protocols import ProtocolConfig, ProtocolServers
 from engines.runtime.stats import RuntimeStats
-from engines.runtime.synth import Synthesizer
+from engines.runtime.synth import ExecutionPlan, Synthesizer
 from engines.runtime.threads import in_thread, live_threads
 from protocol.cmd import MAX_ENGINE_COMMAND
 from protocol.engine_frames import EngineEvent
@@ -301,7 +301,15 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
         log.error("model_load_failed", error=f"{type(exc).__name__}: {exc}")
         print(f"ttsdock {config.name}: cannot load the model: {exc}", file=sys.stderr)
         return 1
-    log.info("model_ready", load_s=round(time.monotonic() - t0, 3))
+    plan = synth.plan() if isinstance(synth, ExecutionPlan) else None
+    log.info(
+        "model_ready",
+        load_s=round(time.monotonic() - t0, 3),
+        plan=None if plan is None else plan.name,
+        plan_source=None if plan is None else plan.source,
+        rtf=None if plan is None else {n: round(r, 3) for n, r in plan.rtf.items()},
+        capacity_audio_s_per_s=None if plan is None else round(plan.capacity, 2),
+    )
 
     engine = Engine(synth, config)
     if early_stop.is_set():

@@ -56,17 +56,26 @@ from typing import Protocol
 import structlog
 
 from engines.runtime.audio import UtteranceFramer
+from engines.runtime.load import LoadMeter, LoadSnapshot
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool, close_generator
-from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS, StepEstimate, deadline_for
+from engines.runtime.schedule import (
+    MAX_AHEAD_S,
+    SYNTH_WORKERS,
+    StepEstimate,
+    deadline_for,
+    start_deadline,
+)
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
     CancelToken,
+    ExecutionPlan,
     SynthesisCancelled,
     SynthesisError,
     Synthesizer,
+    available_cpus,
 )
 from engines.runtime.threads import lower_thread_priority
 from svc.lru import EndedCalls
@@ -345,6 +354,8 @@ class CallManager:
         self.max_ahead_s = max_ahead_s
         #: the inference scheduler; None for a self-scheduled synthesiser
         self.pool = None if self.self_scheduled else SynthesisPool(synth_workers)
+        #: utilisation and headroom over the pool's recent units (``load.py``)
+        self.load = LoadMeter(available_cpus() if self.pool is None else self.pool.cpus)
         self.first_unit = StepEstimate()  # engine-wide compute of an utterance's first unit
         self.later_unit = StepEstimate()  # ... and of its later units
 
@@ -525,6 +536,16 @@ class CallManager:
         if self.pool is not None:
             self.pool.stop()  # the workers close what is left, then exit
 
+    def load_snapshot(self) -> LoadSnapshot:
+        """Utilisation, capacity and headroom now (``load.py``); the engine's own capacity
+        estimate stands in until enough work was measured."""
+        estimate = self.synth.plan().capacity if isinstance(self.synth, ExecutionPlan) else None
+        return self.load.snapshot(time.monotonic(), estimate)
+
+    def headroom_calls(self) -> float | None:
+        """How many more calls the engine predicts it can take (None: unknown)."""
+        return self.load_snapshot().headroom_calls
+
     def live_threads(self) -> int:
         """Synthesis threads still alive (pool workers or self-scheduled threads)."""
         pool = 0 if self.pool is None else self.pool.live_threads()
@@ -624,8 +645,7 @@ class CallManager:
             deliver=deliver,
             meter=meter,
         )
-        t_rx = utt.t_rx_ns / 1e9
-        pool.submit(job, max(t_rx, w.play_until - self.first_unit.value))
+        pool.submit(job, start_deadline(utt.t_rx_ns / 1e9, w.play_until, self.first_unit.value))
         utt.token.on_cancel(lambda: deliver(None))
         end: _End | None = None
         cancelled = False
@@ -636,7 +656,7 @@ class CallManager:
                     cancelled = True
                     end = _End(job.framer.samples_out, job.framer.truncated, None)
                     break
-                self._account(utt, job, step)
+                self._account(w, utt, job, step)
                 for i, pcm in enumerate(step.packets):
                     # a unit can be seconds of audio: while the dock pushes back, the rest
                     # waits here, where a barge-in (the gate in _send) still drops it
@@ -658,9 +678,11 @@ class CallManager:
                 pool.release(job)
         return end
 
-    def _account(self, utt: Utterance, job: Job, step: Step) -> None:
+    def _account(self, w: CallWorker, utt: Utterance, job: Job, step: Step) -> None:
         if step.compute_s <= 0 and not step.packets:
             return  # a close, not a unit of work
+        audio_s = sum(len(p) for p in step.packets) / 4 / SAMPLE_RATE
+        self.load.unit(time.monotonic(), step.compute_s * step.cores, audio_s, w.call_id)
         utt.compute_s += step.compute_s
         utt.wait_s += step.wait_s
         self.stats.sched_wait.add(step.wait_s * 1000)
@@ -784,6 +806,10 @@ class CallManager:
                 ttfa_ms=None if utt.ttfa_ms is None else round(utt.ttfa_ms, 1),
                 underruns=0 if meter is None else meter.underruns,
                 underrun_ms=0.0 if meter is None else round(meter.underrun_s * 1000, 1),
+                underruns_predicted=0 if meter is None else meter.gaps_predicted,
+                underrun_ms_predicted=0.0
+                if meter is None
+                else round(meter.gap_s_predicted * 1000, 1),
                 ahead_min_ms=round(utt.ahead_min_s * 1000, 1)
                 if utt.ahead_min_s != float("inf")
                 else None,

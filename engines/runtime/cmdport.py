@@ -35,6 +35,7 @@ import structlog
 
 from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_pcm16
 from engines.runtime.calls import CallManager, EngineSettings
+from engines.runtime.load import LoadSnapshot
 from engines.runtime.metrics import MetricSource, engine_families
 from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
 from engines.runtime.synth import (
@@ -43,6 +44,8 @@ from engines.runtime.synth import (
     SPEED_MIN,
     CallState,
     CancelToken,
+    ExecutionPlan,
+    PlanInfo,
     Synthesizer,
 )
 from engines.runtime.threads import in_thread
@@ -416,6 +419,7 @@ class CommandHandler:
             ]
         else:
             fields.append("synth_workers=self_scheduled")
+        fields += render_load(calls.load_snapshot(), plan_of(self.synth))
         fields += render_latency("ttfa", st.ttfa)
         fields += render_latency("queue_wait", st.queue_wait)
         fields += render_latency("sched_wait", st.sched_wait)
@@ -443,10 +447,30 @@ class CommandHandler:
 
     def metrics_text(self) -> str:
         """The engine's families plus those of ``metric_sources`` (``engines.runtime.metrics``)."""
-        fams = engine_families(self.stats, self.calls)
+        fams = engine_families(self.stats, self.calls, plan_of(self.synth))
         for source in self.metric_sources:
             fams += source()
         return render(fams)
+
+
+def plan_of(synth: object) -> PlanInfo | None:
+    """The engine's execution plan, when it reports one (``ExecutionPlan``)."""
+    return synth.plan() if isinstance(synth, ExecutionPlan) else None
+
+
+def render_load(load: LoadSnapshot, plan: PlanInfo | None) -> list[str]:
+    """STATS fields of the load figures (``load.py``) and the execution plan."""
+    headroom = "unknown" if load.headroom_calls is None else f"{load.headroom_calls:.1f}"
+    fields = [
+        f"utilisation={load.utilisation:.3f}",
+        f"capacity_audio_s_per_s={load.capacity:.3f}",
+        f"demand_audio_s_per_s={load.demand:.3f}",
+        f"headroom_calls={headroom}",
+    ]
+    if plan is not None:
+        rtf = ",".join(f"{n}t={r:.3f}" for n, r in sorted(plan.rtf.items()))
+        fields += [f"plan={plan.name}", f"plan_source={plan.source}", f"plan_rtf={rtf}"]
+    return fields
 
 
 def reload_reply(res: LexiconReload) -> str:

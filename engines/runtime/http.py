@@ -30,7 +30,14 @@ import structlog
 
 from engines.runtime.admission import Refusal
 from engines.runtime.requests import ProtocolRequest, ProtocolRequests
-from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
+from engines.runtime.synth import (
+    SAMPLE_RATE,
+    SPEED_MAX,
+    SPEED_MIN,
+    ExecutionPlan,
+    PlanInfo,
+    Synthesizer,
+)
 from engines.runtime.threads import in_thread
 from svc.http import HttpServer, HttpSettings, json_error, read_json
 from svc.metrics import CONTENT_TYPE
@@ -138,22 +145,25 @@ class EngineHttp:
         return web.json_response(body)
 
     async def _plan(self) -> object | None:
-        """The synthesiser's execution plan, when it exposes one (``plan`` attribute or
-        method, or ``plan.*`` keys in its stats); ``None`` otherwise."""
-        plan = getattr(self.synth, "plan", None)
+        """The synthesiser's execution plan (``ExecutionPlan``: name, source, RTF by thread
+        count, capacity), or ``plan.*`` keys of its stats; ``None`` when it exposes none."""
         try:
-            if callable(plan):
-                plan = await in_thread(plan)
-            if plan is None:
-                stats = await in_thread(self.synth.stats)
-                found = {k[5:]: v for k, v in stats.items() if k.startswith("plan.")}
-                plan = found or None
+            if isinstance(self.synth, ExecutionPlan):
+                info = self.synth.plan()
+                if isinstance(info, PlanInfo):
+                    return {
+                        "name": info.name,
+                        "source": info.source,
+                        "rtf": {str(n): r for n, r in sorted(info.rtf.items())},
+                        "capacity_audio_s_per_s": info.capacity,
+                    }
+                return str(info)
+            stats = await in_thread(self.synth.stats)
         except Exception as exc:
             log.warning("plan_unavailable", error=f"{type(exc).__name__}: {exc}")
             return None
-        if plan is None or isinstance(plan, str | int | float | bool | dict | list):
-            return plan
-        return str(plan)
+        found = {k[5:]: v for k, v in stats.items() if k.startswith("plan.")}
+        return found or None
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web

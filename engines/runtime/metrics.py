@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engines.runtime.stats import LatencyWindow, RuntimeStats
-from engines.runtime.synth import SAMPLE_RATE
+from engines.runtime.synth import SAMPLE_RATE, PlanInfo
 from svc.metrics import Family, counter, gauge, summary
 
 if TYPE_CHECKING:
@@ -49,7 +49,9 @@ def latency_summary(name: str, w: LatencyWindow) -> Family:
     return summary(name, quantiles, round(w.total_ms / 1000, 6), w.count)
 
 
-def engine_families(stats: RuntimeStats, calls: CallManager) -> list[Family]:
+def engine_families(
+    stats: RuntimeStats, calls: CallManager, plan: PlanInfo | None = None
+) -> list[Family]:
     st, p = stats, PREFIX
     fams = [counter(f"{p}{name}_total", getattr(st, name)) for name in METRIC_COUNTERS]
     fams.append(counter(f"{p}underrun_seconds_total", round(st.underrun_ms / 1000, 6)))
@@ -61,7 +63,7 @@ def engine_families(stats: RuntimeStats, calls: CallManager) -> list[Family]:
         ("bargein_mute_seconds", st.bargein_mute),
     ):
         fams.append(latency_summary(p + name, window))
-    gauges: dict[str, int] = {
+    gauges: dict[str, float] = {
         "calls_active": len(calls.calls),
         "utterances_in_progress": calls.running,
         "utterances_waiting": calls.waiting,
@@ -75,7 +77,24 @@ def engine_families(stats: RuntimeStats, calls: CallManager) -> list[Family]:
             "sched_parked": parked,
             "sched_busy": busy,
         }
+    load = calls.load_snapshot()  # load.py: utilisation, capacity, demand, headroom
+    gauges |= {
+        "utilisation_ratio": round(load.utilisation, 6),
+        "capacity_audio_seconds_per_second": round(load.capacity, 6),
+        "demand_audio_seconds_per_second": round(load.demand, 6),
+        "call_demand_audio_seconds_per_second": round(load.call_demand, 6),
+    }
+    if load.headroom_calls is not None:
+        gauges["headroom_calls"] = round(load.headroom_calls, 6)
     fams += [gauge(p + name, value) for name, value in gauges.items()]
+    if plan is not None:
+        fams.append(
+            Family(f"{p}plan_info", "gauge").add(1, {"plan": plan.name, "source": plan.source})
+        )
+        rtf = Family(f"{p}plan_rtf", "gauge")
+        for n, r in sorted(plan.rtf.items()):
+            rtf.add(round(r, 4), {"threads": n})
+        fams.append(rtf)
     ahead = Family(f"{p}call_ahead_seconds", "gauge")
     for w in list(calls.calls.values())[:CALLS_LISTED]:
         ahead.add(round(w.ahead_s(), 3), {"call_id": w.call_id})

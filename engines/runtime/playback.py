@@ -39,6 +39,8 @@ class PlaybackMeter:
     __slots__ = (
         "_lock",
         "clock",
+        "gap_s_predicted",
+        "gaps_predicted",
         "not_before",
         "produced_s",
         "sent_s",
@@ -58,6 +60,8 @@ class PlaybackMeter:
         self.sent_s = 0.0  # audio written to the socket
         self.underruns = 0
         self.underrun_s = 0.0
+        self.gaps_predicted = 0  # the synthesiser's forecast (``predict``)
+        self.gap_s_predicted = 0.0
         self._lock = threading.Lock()
 
     @property
@@ -108,6 +112,13 @@ class PlaybackMeter:
         time until the listener runs dry (it includes the rest of the call's previous
         utterance while the listener is still playing that one)."""
         return self.dry_at(now) - now
+
+    def predict(self, gaps: int, gap_s: float) -> None:
+        """The synthesiser forecasts ``gaps`` more underruns (``gap_s`` in all) for this
+        utterance (logged beside the real ones; it changes nothing)."""
+        with self._lock:
+            self.gaps_predicted += max(0, gaps)
+            self.gap_s_predicted += max(0.0, gap_s)
 
     def ahead_s(self) -> float:
         """``PlaybackClock``: ``ahead_at`` the clock's current time."""

@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from engines.runtime.audio import UtteranceFramer
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.schedule import DeadlineQueue, StepEstimate
-from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled
+from engines.runtime.synth import (
+    CancelToken,
+    FloatArray,
+    SynthesisCancelled,
+    UnitGrant,
+    available_cpus,
+    set_unit_grant,
+)
 from engines.runtime.threads import lower_thread_priority
 
 
@@ -54,6 +61,7 @@ class Step:
     wait_s: float  # time the job waited in the queue while ready
     finished: bool  # the generator is done (or closed); no requeue
     error: BaseException | None = None
+    cores: int = 1  # cores the unit was granted (``UnitGrant.cores``)
 
 
 @dataclass(eq=False)
@@ -76,11 +84,18 @@ class Job:
 class SynthesisPool:
     """``workers`` threads advancing jobs in deadline order (threads start on first use)."""
 
-    def __init__(self, workers: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        workers: int,
+        clock: Callable[[], float] = time.monotonic,
+        cpus: int | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"synthesis workers must be >= 1, got {workers}")
         self.workers = workers
         self.clock = clock
+        #: cores the units may use together (``UnitGrant``)
+        self.cpus = max(1, cpus if cpus is not None else available_cpus())
         self._cond = threading.Condition()
         self._queue: DeadlineQueue[Job] = DeadlineQueue()
         self._open: set[Job] = set()  # every job not DONE
@@ -152,7 +167,15 @@ class SynthesisPool:
             self._threads.append(th)
             th.start()
 
-    def _take(self) -> tuple[Job, float] | None:
+    def _grant(self, now: float) -> UnitGrant:
+        """The cores a unit taken now may use (called with the lock held, ``busy``
+        already counting it): the cores no other running unit holds, while no other
+        unit is ready and waiting; else one."""
+        waiting = self._queue.ready(now)
+        cores = 1 if waiting else max(1, self.cpus - (self.busy - 1))
+        return UnitGrant(cores=cores, cpus=self.cpus, others=max(0, len(self._open) - 1))
+
+    def _take(self) -> tuple[Job, float, UnitGrant] | None:
         """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""
         with self._cond:
             while True:
@@ -166,7 +189,7 @@ class SynthesisPool:
                 if got is not None:
                     got[0].state = JobState.RUNNING
                     self.busy += 1
-                    return got
+                    return got[0], got[1], self._grant(now)
                 wake = self._queue.next_ready_at(now)
                 self._cond.wait(None if wake is None else max(wake - now, 0.001))
 
@@ -176,11 +199,14 @@ class SynthesisPool:
             got = self._take()
             if got is None:
                 return
-            job, wait_s = got
+            job, wait_s, grant = got
             step = Step([], 0.0, wait_s, True)
+            set_unit_grant(grant)
             try:
                 step = job.ctx.run(self._step, job, wait_s)
+                step.cores = grant.cores
             finally:
+                set_unit_grant(None)
                 with self._cond:
                     self.busy -= 1
                     if step.finished:

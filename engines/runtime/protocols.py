@@ -5,8 +5,9 @@ Rule 1: one owner for both listeners and the ``ProtocolRequests`` they share:
 does during a hot swap) and ``stop`` cancels every open request and closes them.
 Both are off unless a flag asks for them; aiohttp and wyoming are imported only then
 (the optional ``http`` extra).
-Rule 2: the admission seam: pass a ``Headroom`` (the engine-wide load meter) to use it
-instead of the scheduler fallback (``admission.SchedulerHeadroom``).
+Rule 2: admission asks the engine-wide load meter (``CallManager.headroom_calls``),
+then, where it does not know, the scheduler fallback (``admission.SchedulerHeadroom``);
+a ``headroom`` passed in replaces both.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from engines.runtime.admission import Headroom, SchedulerHeadroom
+from engines.runtime.admission import FirstKnown, Headroom, SchedulerHeadroom
 from engines.runtime.requests import MAX_INPUT_CHARS, MAX_REQUESTS, ProtocolRequests
 from svc.http import HttpSettings
 
@@ -54,7 +55,7 @@ class ProtocolServers:
         self.config = config
         self.requests = ProtocolRequests(
             calls,
-            headroom if headroom is not None else SchedulerHeadroom(calls),
+            headroom if headroom is not None else FirstKnown(calls, SchedulerHeadroom(calls)),
             max_requests=config.max_requests,
             max_input=config.max_input,
         )

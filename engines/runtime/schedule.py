@@ -94,6 +94,10 @@ class DeadlineQueue(Generic[T]):
             return None
         return max(now, min(times))
 
+    def ready(self, now: float) -> int:
+        """Items ready to run at ``now``."""
+        return sum(1 for _, e in self._items.values() if e.ready_at <= now)
+
     def parked(self, now: float) -> int:
         return sum(1 for _, e in self._items.values() if e.ready_at > now)
 
@@ -103,6 +107,19 @@ def deadline_for(dry_at: float, next_step_s: float, max_ahead_s: float) -> tuple
     whose next unit is expected to take ``next_step_s``: due when the unit would just
     finish in time; parked while more than ``max_ahead_s`` of audio is queued."""
     return dry_at - next_step_s, dry_at - max_ahead_s
+
+
+#: A new utterance is due this long after its text arrived: units of utterances in
+#: progress whose listener runs dry sooner go first, so that under overload new
+#: sentences start later instead of cutting gaps into sentences already playing.
+START_SLACK_S = 0.25
+
+
+def start_deadline(t_text: float, play_until: float, first_unit_s: float) -> float:
+    """Deadline of an utterance's first unit: ``START_SLACK_S`` after its text arrived, or,
+    while its call still plays the previous sentence, when that one would run dry minus
+    the expected first unit (whichever is later)."""
+    return max(t_text + START_SLACK_S, play_until - first_unit_s)
 
 
 class StepEstimate:

@@ -14,6 +14,7 @@ synthesised at once, a *chunk* is what ``synthesize`` yields (float32 mono at
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -108,6 +109,49 @@ def _noop() -> None:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class UnitGrant:
+    """What the inference pool grants the unit of work running in this thread.
+
+    ``cores``: cores this unit may use (intra-op threads); more than 1 only while no
+    other unit is waiting for a worker, so one call can use the whole machine.
+    ``cpus``: cores of the machine available to the engine. ``others``: other
+    utterances in progress engine-wide (they share ``cpus`` with this one).
+    A synthesiser reads it with ``unit_grant()`` inside ``next()``.
+    """
+
+    cores: int = 1
+    cpus: int = 1
+    others: int = 0
+
+    @property
+    def share(self) -> float:
+        """Cores this utterance can count on over its next units (at least one)."""
+        return max(1.0, self.cpus / (self.others + 1))
+
+
+_grant = threading.local()
+
+
+def unit_grant() -> UnitGrant:
+    """The grant of the unit running in this thread (one core outside the pool)."""
+    got = getattr(_grant, "value", None)
+    return got if isinstance(got, UnitGrant) else UnitGrant()
+
+
+def set_unit_grant(grant: UnitGrant | None) -> None:
+    """Set (or clear) this thread's grant; called by the pool around each unit."""
+    _grant.value = grant
+
+
+def available_cpus() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count`` elsewhere)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @runtime_checkable
 class PlaybackClock(Protocol):
     """How far an utterance's audio is ahead of the listener (``CallState.playback``)."""
@@ -120,6 +164,10 @@ class PlaybackClock(Protocol):
         previous utterance has played out if that is later; a packet that arrives after
         the listener ran dry shifts the listener's clock by the gap (an underrun).
         """
+
+    def predict(self, gaps: int, gap_s: float) -> None:
+        """The synthesiser's forecast of underruns for this utterance (``gaps`` of
+        ``gap_s`` in all); the runtime logs it beside the real ones."""
 
 
 @dataclass
@@ -194,6 +242,32 @@ class Synthesizer(Protocol):
 
     def close(self) -> None:
         """Release models (called on SHUTDOWN)."""
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """How an engine runs its model on this machine (``ExecutionPlan.plan``).
+
+    ``name``: the plan (e.g. ``int8`` or ``fp32-conv2d``); ``source``: ``measured``,
+    ``cached``, ``forced`` or ``default``; ``rtf``: compute seconds per audio second by
+    intra-op thread count; ``capacity``: audio seconds the engine can make per wall
+    second on all cores (0: unknown).
+    """
+
+    name: str
+    source: str
+    rtf: dict[int, float]
+    capacity: float
+
+
+@runtime_checkable
+class ExecutionPlan(Protocol):
+    """Optional: an engine that reports its execution plan and speed (STATUS, METRICS,
+    the ``model_ready`` log line, the load figures). Non-blocking: it reads a few numbers
+    and may be called on the event loop."""
+
+    def plan(self) -> PlanInfo:
+        """The plan in use and its measured speed."""
 
 
 @runtime_checkable

@@ -1,0 +1,89 @@
+"""Emulate a slower CPU for a benchmark run (``--slow``), on Linux.
+
+Two ways, both measured against the same box unslowed in the same session:
+
+* ``burn`` (default): ``factor - 1`` CPU-burning processes per core, each pinned to
+  its core, at the engine's priority. Every thread on that core, the engine's
+  inference threads included, then gets about ``1 / factor`` of it: a core about
+  ``factor`` times slower, whatever the number of threads. It slows the dock and
+  this benchmark process too, as a slower machine would.
+* ``quota``: a cgroup-v1 CPU quota on the given processes (root; the ``cpu``
+  controller mounted at ``/sys/fs/cgroup/cpu``): ``cores / factor`` CPUs in all,
+  enforced every 10 ms. It slows only those processes, but like a box with fewer
+  cores, not slower ones: a single thread still runs at full speed while the
+  quota allows.
+
+Either way the result is only an emulation: an AVX2-only CPU is slower at int8
+kernels than at float ones, which neither way reproduces (see the README's plan
+table by CPU class).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+QUOTA_PERIOD_US = 10_000
+
+
+def _burn(core: int) -> None:
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setaffinity(0, {core})
+    x = 0
+    while True:  # runs until terminated
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+
+
+@contextlib.contextmanager
+def slowed(mode: str, factor: float, pids: Sequence[int] = ()) -> Iterator[str]:
+    """Slow the CPU ``factor`` times for the block; yields a one-line description."""
+    if factor <= 1:
+        yield "not slowed"
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if mode == "burn":
+        per_core = max(1, round(factor - 1))
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_burn, args=(c,), daemon=True) for c in cores
+                 for _ in range(per_core)]  # fmt: skip
+        for p in procs:
+            p.start()
+        try:
+            yield (
+                f"slowed x{1 + per_core:g}: {per_core} CPU burner(s) pinned to each of "
+                f"{len(cores)} cores"
+            )
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.join(5)
+        return
+    if mode != "quota":
+        raise ValueError(f"unknown slow mode {mode!r} (burn or quota)")
+    group = CGROUP_CPU / f"ttsdock-slow-{os.getpid()}"
+    if not CGROUP_CPU.is_dir():
+        raise RuntimeError(f"{CGROUP_CPU} is not a cgroup-v1 cpu controller; use --slow-mode burn")
+    group.mkdir(exist_ok=True)
+    try:
+        quota = int(len(cores) * QUOTA_PERIOD_US / factor)
+        (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
+        yield (
+            f"slowed x{factor:g}: cgroup-v1 quota {quota} us per {QUOTA_PERIOD_US} us "
+            f"({quota / QUOTA_PERIOD_US:.2f} CPUs) on pids {list(pids)}"
+        )
+    finally:
+        parent = CGROUP_CPU / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            for line in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    parent.write_text(line)
+        with contextlib.suppress(OSError):
+            group.rmdir()

@@ -1,0 +1,169 @@
+"""Pacing of one sentence's decoder windows: how large each window is, and when speech starts.
+
+Rule 1: pure arithmetic on frame counts and measured speeds; no model, no clocks,
+no threads. The synthesiser feeds it the decode speed it measured and the audio
+queued ahead of playback (the runtime's playback clock); ``synth`` and the
+start planner below share ``next_window_frames``, so the plan simulates exactly
+the rule the engine then follows.
+Rule 2: a window is sized so that it is decoded by the time ``HEADROOM`` of the
+audio queued ahead has played; every window costs ``2 * context`` frames extra.
+
+Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
+of speech) and each later window grows with the audio queued ahead. On a slow
+CPU (decode speed near or above real time once the context frames are counted)
+that greedy rule shrinks into small windows whose context overhead makes it
+slower still, and the listener hears a gap in every sentence. So after the
+prosody pass the start planner simulates the greedy rule for the whole sentence
+with the measured speed (times a safety factor) and picks the smallest first
+window for which no gap is predicted: on a slow CPU the sentence starts a
+little later and then plays through; on a fast one nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engines.kokoro.windows import FRAMES_PER_S
+
+#: Plan the next window to be ready when this share of the queued audio has played.
+HEADROOM = 0.7
+#: The start planner assumes decoding this much slower than measured.
+SAFETY = 1.2
+#: While other utterances are in progress, one window's decode is kept to about this
+#: long, so the scheduler can interleave other calls' windows (a unit cannot be
+#: preempted).
+BUSY_WINDOW_S = 0.4
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Decode speed of this utterance's windows: compute seconds per decoded frame, for
+    the share of the machine it can count on, and whether other calls share it."""
+
+    frame_s: float
+    shared: bool = False
+
+    @classmethod
+    def from_rtf(cls, rtf: float, shared: bool = False) -> Pace:
+        """From compute seconds per decoded audio second."""
+        return cls(max(rtf, 1e-4) / FRAMES_PER_S, shared)
+
+    def decode_s(self, frames: int) -> float:
+        return frames * self.frame_s
+
+
+def next_window_frames(ahead_s: float, pace: Pace, context: int) -> int:
+    """Frames the next window may keep so that it is ready before ``HEADROOM`` of the
+    ``ahead_s`` queued audio has played (may be <= 0: the caller clamps it)."""
+    frames = ahead_s * HEADROOM / pace.frame_s - 2 * context
+    if pace.shared:
+        frames = min(frames, BUSY_WINDOW_S / pace.frame_s - 2 * context)
+    return int(frames)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What the simulation of one sentence's windows predicts."""
+
+    start_s: float  # compute before the first audio (after the prosody pass)
+    gaps: int  # windows predicted to arrive after the audio before them has played
+    gap_s: float  # their total length
+    windows: int
+    decoded_frames: int
+
+
+def simulate(
+    n_frames: int,
+    first_end: int,
+    *,
+    pace: Pace,
+    context: int,
+    min_frames: int,
+    max_frames: int,
+    lead_skip: int = 0,
+    ahead_s: float | None = None,
+) -> Forecast:
+    """Simulate the engine's window rule over a sentence of ``n_frames``.
+
+    ``first_end``: where the first window ends; ``lead_skip``: frames at the start that
+    are decoded but not played (the trimmed leading pad); ``ahead_s``: audio already
+    queued ahead of the listener when the first window starts decoding (None: the
+    listener waits for this sentence, so its start is not a gap).
+    """
+    first_end = max(1, min(first_end, n_frames))
+    decoded = min(n_frames, first_end + context)
+    t = pace.decode_s(decoded)
+    gaps, gap_s = 0, 0.0
+    if ahead_s is None:
+        play_end = t  # the listener starts with the first window
+    else:
+        play_end = ahead_s
+        if t > play_end:
+            gaps, gap_s, play_end = 1, t - play_end, t
+    play_end += max(0, first_end - lead_skip) / FRAMES_PER_S
+    pos, windows = first_end, 1
+    while pos < n_frames:
+        want = next_window_frames(play_end - t, pace, context)
+        want = max(min_frames, min(want, max_frames))
+        remaining = n_frames - pos
+        if remaining - want < min_frames:
+            want = remaining if remaining <= max_frames else remaining - min_frames
+        end = pos + want
+        frames = min(n_frames, end + context) - max(0, pos - context)
+        t += pace.decode_s(frames)
+        decoded += frames
+        if t > play_end:
+            gaps += 1
+            gap_s += t - play_end
+            play_end = t
+        play_end += want / FRAMES_PER_S
+        pos = end
+        windows += 1
+    return Forecast(
+        start_s=pace.decode_s(min(n_frames, first_end + context)),
+        gaps=gaps,
+        gap_s=gap_s,
+        windows=windows,
+        decoded_frames=decoded,
+    )
+
+
+def plan_first_end(
+    n_frames: int,
+    candidates: Sequence[int],
+    *,
+    pace: Pace,
+    context: int,
+    min_frames: int,
+    max_frames: int,
+    lead_skip: int = 0,
+    ahead_s: float | None = None,
+    longest: int | None = None,
+) -> tuple[int, Forecast]:
+    """The earliest first-window end among ``candidates`` (ascending frame positions)
+    for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
+    else the whole sentence (or ``longest`` frames when the first window may not
+    exceed that), with the gaps predicted for it."""
+    safe = Pace(pace.frame_s * SAFETY, pace.shared)
+
+    def run(end: int) -> Forecast:
+        return simulate(
+            n_frames,
+            end,
+            pace=safe,
+            context=context,
+            min_frames=min_frames,
+            max_frames=max_frames,
+            lead_skip=lead_skip,
+            ahead_s=ahead_s,
+        )
+
+    limit = n_frames if longest is None else min(n_frames, longest)
+    for end in candidates:
+        if end >= limit or n_frames - end < min_frames:  # else the rest is one window
+            break
+        fc = run(end)
+        if fc.gaps == 0:
+            return end, fc
+    return limit, run(limit)

@@ -1,0 +1,137 @@
+"""Window pacing: the window rule, its simulation, and the start planner (pure arithmetic)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engines.kokoro.pacing import (
+    BUSY_WINDOW_S,
+    HEADROOM,
+    SAFETY,
+    Pace,
+    next_window_frames,
+    plan_first_end,
+    simulate,
+)
+
+CTX, MIN, MAX = 10, 32, 200
+
+
+def test_window_is_ready_when_the_headroom_share_of_the_queue_has_played() -> None:
+    pace = Pace.from_rtf(0.5)
+    frames = next_window_frames(2.0, pace, CTX)
+    # (frames + 2 ctx) decoded at 0.5 s per audio s take HEADROOM of the 2 s queued
+    assert abs(pace.decode_s(frames + 2 * CTX) - HEADROOM * 2.0) <= pace.frame_s
+    shared = next_window_frames(2.0, Pace.from_rtf(0.5, shared=True), CTX)
+    assert pace.decode_s(shared + 2 * CTX) <= BUSY_WINDOW_S + pace.frame_s
+    assert next_window_frames(-1.0, pace, CTX) < 0  # an underrun: the caller clamps it
+
+
+def test_fast_decoding_starts_at_the_first_candidate_with_no_gap() -> None:
+    end, fc = plan_first_end(
+        200,
+        [20, 24, 30, 40, 60],
+        pace=Pace.from_rtf(0.2),
+        context=CTX,
+        min_frames=MIN,
+        max_frames=MAX,
+    )
+    assert end == 20 and fc.gaps == 0 and fc.windows >= 2
+
+
+def test_decoding_slower_than_real_time_decodes_most_of_the_sentence_before_it_starts() -> None:
+    end, fc = plan_first_end(
+        200,
+        list(range(20, 200, 2)),
+        pace=Pace.from_rtf(1.5),
+        context=CTX,
+        min_frames=MIN,
+        max_frames=MAX,
+    )
+    # 1.5x slower than real time (1.8x with the safety factor): the rest must decode
+    # while the first window plays, so the first window is over half the sentence
+    assert 100 < end < 200 and fc.gaps == 0
+    much_slower, fc = plan_first_end(
+        200,
+        list(range(20, 200, 2)),
+        pace=Pace.from_rtf(20.0),
+        context=CTX,
+        min_frames=MIN,
+        max_frames=MAX,
+    )
+    assert much_slower == 200 and fc.windows == 1 and fc.gaps == 0
+
+
+def test_near_real_time_the_start_moves_later_and_then_plays_through() -> None:
+    pace = Pace.from_rtf(0.8)
+    cands = list(range(20, 300, 2))
+    end, fc = plan_first_end(300, cands, pace=pace, context=CTX, min_frames=MIN, max_frames=MAX)
+    assert 20 < end < 300 and fc.gaps == 0
+    # the greedy rule from the default first window would stutter at the same speed
+    greedy = simulate(
+        300, 20, pace=Pace(pace.frame_s * SAFETY), context=CTX, min_frames=MIN, max_frames=MAX
+    )
+    assert greedy.gaps > 0
+
+
+def test_longest_bounds_the_first_window_and_reports_the_gaps_it_leaves() -> None:
+    end, fc = plan_first_end(
+        600,
+        list(range(20, 600, 2)),
+        pace=Pace.from_rtf(1.5),
+        context=CTX,
+        min_frames=MIN,
+        max_frames=MAX,
+        longest=MAX,
+    )
+    assert end == MAX and fc.gaps > 0 and fc.gap_s > 0
+
+
+def test_audio_already_queued_lets_the_first_window_be_long_without_a_gap() -> None:
+    pace = Pace.from_rtf(0.5)
+    late = simulate(100, 100, pace=pace, context=CTX, min_frames=MIN, max_frames=MAX, ahead_s=0.1)
+    assert late.gaps == 1  # 100 frames take 1.25 s, only 0.1 s queued
+    ok = simulate(100, 100, pace=pace, context=CTX, min_frames=MIN, max_frames=MAX, ahead_s=5.0)
+    assert ok.gaps == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 800),
+    rtf=st.floats(0.01, 4.0),
+    first=st.integers(1, 800),
+    lead=st.integers(0, 20),
+)
+def test_simulation_decodes_every_frame_and_counts_context(
+    n: int, rtf: float, first: int, lead: int
+) -> None:
+    fc = simulate(
+        n,
+        first,
+        pace=Pace.from_rtf(rtf),
+        context=CTX,
+        min_frames=MIN,
+        max_frames=MAX,
+        lead_skip=lead,
+    )
+    assert fc.decoded_frames >= n
+    assert fc.decoded_frames <= n + 2 * CTX * fc.windows
+    assert fc.gaps >= 0 and fc.gap_s >= 0
+    assert (fc.gaps == 0) == (fc.gap_s == 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(40, 800), rtf=st.floats(0.05, 3.0), k=st.floats(1.0, 3.0))
+def test_the_plan_never_predicts_a_gap_and_slower_starts_no_earlier(
+    n: int, rtf: float, k: float
+) -> None:
+    cands = list(range(20, n, 2))
+    fast, _ = plan_first_end(
+        n, cands, pace=Pace.from_rtf(rtf), context=CTX, min_frames=MIN, max_frames=MAX
+    )
+    slow, fc = plan_first_end(
+        n, cands, pace=Pace.from_rtf(rtf * k), context=CTX, min_frames=MIN, max_frames=MAX
+    )
+    assert fc.gaps == 0  # the whole sentence in one window is always gap-free
+    assert fast <= slow <= n or k < 1.05

@@ -1,0 +1,77 @@
+"""The pool's grant to each unit of work: one call alone uses every core; with other units
+waiting each unit keeps to one (``engines.runtime.synth.unit_grant``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.schedule import START_SLACK_S, start_deadline
+from engines.runtime.synth import CancelToken, FloatArray, UnitGrant, unit_grant
+
+
+def _job(gen: Iterator[FloatArray], done: threading.Event, pool: SynthesisPool) -> Job:
+    holder: list[Job] = []
+
+    def deliver(step: Step) -> None:
+        if step.finished:
+            done.set()
+        else:
+            pool.requeue(holder[0], 0.0)
+
+    job = Job(start=lambda: gen, token=CancelToken(), deliver=deliver, meter=PlaybackMeter())
+    holder.append(job)
+    return job
+
+
+def _recording(grants: list[UnitGrant], steps: int, hold: threading.Event | None = None):
+    def gen() -> Iterator[FloatArray]:
+        for i in range(steps):
+            grants.append(unit_grant())
+            if hold is not None and i == 0:
+                hold.wait(10)
+            yield np.zeros(240, np.float32)
+
+    return gen()
+
+
+def test_a_unit_alone_gets_every_core_and_outside_the_pool_one() -> None:
+    assert unit_grant() == UnitGrant(1, 1, 0)
+    pool = SynthesisPool(2, cpus=4)
+    grants: list[UnitGrant] = []
+    done = threading.Event()
+    pool.submit(_job(_recording(grants, 3), done, pool), 0.0)
+    assert done.wait(10)
+    pool.stop()
+    assert grants == [UnitGrant(cores=4, cpus=4, others=0)] * 3
+    assert unit_grant() == UnitGrant()  # the worker's grant never leaks to this thread
+
+
+def test_with_units_waiting_a_unit_keeps_to_one_core() -> None:
+    pool = SynthesisPool(1, cpus=2)  # one worker: the second job waits while the first runs
+    a: list[UnitGrant] = []
+    b: list[UnitGrant] = []
+    hold = threading.Event()
+    done_a, done_b = threading.Event(), threading.Event()
+    pool.submit(_job(_recording(a, 2, hold), done_a, pool), 0.0)
+    deadline = time.monotonic() + 10
+    while not a and time.monotonic() < deadline:  # a's first unit is running (held)
+        time.sleep(0.001)
+    pool.submit(_job(_recording(b, 2), done_b, pool), 1.0)
+    hold.set()
+    assert done_a.wait(10) and done_b.wait(10)
+    pool.stop()
+    # the first unit started alone; while both were open, the ready one kept to one core
+    assert a[0].cores == 2
+    assert any(g.cores == 1 and g.others == 1 for g in a[1:] + b)
+    assert all(g.share >= 1.0 for g in a + b)
+
+
+def test_a_new_utterance_is_due_after_the_start_slack_or_when_its_call_runs_dry() -> None:
+    assert start_deadline(10.0, 0.0, 0.3) == 10.0 + START_SLACK_S
+    assert start_deadline(10.0, 12.0, 0.3) == 12.0 - 0.3
