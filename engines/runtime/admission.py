@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from engines.runtime.calls import CallManager
 
 RETRY_AFTER_S = 1  # seconds a refused client is asked to wait
-MIN_HEADROOM_CALLS = 1.0  # a new request needs at least one call's worth of headroom
+MIN_HEADROOM_CALLS = 1.0  # a new request needs one call's worth (--protocol-min-headroom)
 
 
 class Headroom(Protocol):
@@ -76,11 +76,16 @@ class Refusal:
 class Admission:
     """Counts running protocol requests; ``admit`` says yes (``None``) or why not."""
 
-    def __init__(self, headroom: Headroom, max_requests: int) -> None:
+    def __init__(
+        self, headroom: Headroom, max_requests: int, min_headroom: float = MIN_HEADROOM_CALLS
+    ) -> None:
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+        if not min_headroom >= 0:
+            raise ValueError(f"min_headroom must be >= 0, got {min_headroom}")
         self.headroom = headroom
         self.max_requests = max_requests
+        self.min_headroom = min_headroom  # 0: never refuse for headroom
         self.active = 0
         self.refused: Counter[str] = Counter()
 
@@ -94,12 +99,12 @@ class Admission:
                 f"{self.active} protocol requests are running (--protocol-max-requests "
                 f"{self.max_requests}); retry later",
             )
-        else:
+        elif self.min_headroom > 0:
             try:
                 room = self.headroom.headroom_calls()
             except Exception:  # a broken meter must not refuse everything: unknown
                 room = None
-            if room is not None and room < MIN_HEADROOM_CALLS:
+            if room is not None and room < self.min_headroom:
                 refusal = Refusal(
                     503,
                     "no_headroom",

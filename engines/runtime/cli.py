@@ -239,9 +239,18 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
         default=env("TTSDOCK_PROTOCOL_MAX_INPUT", _positive, 4096),
         help="characters of text per HTTP or Wyoming request [env TTSDOCK_PROTOCOL_MAX_INPUT]",
     )
+    g.add_argument(
+        "--protocol-min-headroom",
+        type=_calls,
+        default=env("TTSDOCK_PROTOCOL_MIN_HEADROOM", _calls, 1.0),
+        help="predicted headroom (calls) a new HTTP or Wyoming request needs, else 503 / "
+        "an error event; 0: never refuse for headroom (an engine without phone calls) "
+        "[env TTSDOCK_PROTOCOL_MIN_HEADROOM]",
+    )
 
 
 _timeout = float_in(0.1, 3600.0, "seconds")
+_calls = float_in(0.0, 1000.0, "calls")
 _body = int_in(1024, 16 << 20, "bytes")
 
 
@@ -266,6 +275,7 @@ def protocol_config(args: argparse.Namespace) -> ProtocolConfig:
         wyoming_uri=getattr(args, "wyoming_uri", None),
         max_requests=int(getattr(args, "protocol_max_requests", 2)),
         max_input=int(getattr(args, "protocol_max_input", 4096)),
+        min_headroom=float(getattr(args, "protocol_min_headroom", 1.0)),
     )
 
 

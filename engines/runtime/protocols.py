@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from engines.runtime.admission import FirstKnown, Headroom, SchedulerHeadroom
+from engines.runtime.admission import (
+    MIN_HEADROOM_CALLS,
+    FirstKnown,
+    Headroom,
+    SchedulerHeadroom,
+)
 from engines.runtime.requests import MAX_INPUT_CHARS, MAX_REQUESTS, ProtocolRequests
 from svc.http import HttpSettings
 
@@ -39,6 +44,7 @@ class ProtocolConfig:
     wyoming_uri: str | None = None  # None: no Wyoming server
     max_requests: int = MAX_REQUESTS
     max_input: int = MAX_INPUT_CHARS
+    min_headroom: float = MIN_HEADROOM_CALLS  # calls of predicted headroom a request needs
 
 
 class ProtocolServers:
@@ -58,6 +64,7 @@ class ProtocolServers:
             headroom if headroom is not None else FirstKnown(calls, SchedulerHeadroom(calls)),
             max_requests=config.max_requests,
             max_input=config.max_input,
+            min_headroom=config.min_headroom,
         )
         commands.metric_sources.append(self.requests.families)
         self.name = name

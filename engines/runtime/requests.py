@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from engines.runtime.admission import Admission, Headroom, Refusal
+from engines.runtime.admission import MIN_HEADROOM_CALLS, Admission, Headroom, Refusal
 from engines.runtime.calls import CallManager
 from engines.runtime.metrics import latency_summary
 from engines.runtime.stats import LatencyWindow
@@ -276,12 +276,13 @@ class ProtocolRequests:
         *,
         max_requests: int = MAX_REQUESTS,
         max_input: int = MAX_INPUT_CHARS,
+        min_headroom: float = MIN_HEADROOM_CALLS,
         write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         if max_input < 1:
             raise ValueError(f"max_input must be >= 1, got {max_input}")
         self.calls = calls
-        self.admission = Admission(headroom, max_requests)
+        self.admission = Admission(headroom, max_requests, min_headroom)
         self.max_input = max_input
         self.write_timeout = write_timeout
         self.stats = ProtocolStats()
