@@ -66,6 +66,7 @@ async def main() -> None:
         "--models-dir", args.models_dir, "--threads", args.threads,
         "--http-port", str(http_port), "--log-level", "WARN",
         "--max-concurrent", str(n + 2), "--protocol-max-requests", str(n),
+        "--protocol-min-headroom", "0",  # all N streams run, whatever the load meter says
         env={**os.environ, "PYTHONPATH": str(ROOT), "TTSDOCK_SYNTH_NICE": "0"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip

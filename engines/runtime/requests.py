@@ -39,7 +39,7 @@ from engines.runtime.admission import MIN_HEADROOM_CALLS, Admission, Headroom, R
 from engines.runtime.calls import CallManager
 from engines.runtime.metrics import latency_summary
 from engines.runtime.stats import LatencyWindow
-from engines.runtime.synth import SPEED_MAX, SPEED_MIN
+from engines.runtime.synth import SAMPLE_RATE
 from svc.metrics import Family, gauge, labelled
 
 log = structlog.get_logger(__name__)
@@ -205,7 +205,6 @@ class ProtocolRequest:
         self.audio = RequestAudio(owner.write_timeout)
         self.pending = 0  # texts queued and not yet ended
         self.input_done = False
-        self.chars = 0
         self.t_start_ns = time.monotonic_ns()
         self._closed = False
         self.cancelled = False
@@ -289,9 +288,6 @@ class ProtocolRequests:
         self.open: dict[int, ProtocolRequest] = {}
         self._ids = itertools.count(REQUEST_CALL_BASE)
 
-    def check_speed(self, speed: float) -> bool:
-        return SPEED_MIN <= speed <= SPEED_MAX
-
     def start(
         self, protocol: str, voice: str | None, speed: float | None
     ) -> ProtocolRequest | Refusal:
@@ -325,7 +321,7 @@ class ProtocolRequests:
             protocol=req.protocol,
             call_id=req.call_id,
             cancelled=req.cancelled,
-            audio_s=round(a.samples / 24000, 3),
+            audio_s=round(a.samples / SAMPLE_RATE, 3),
             ttfa_ms=None
             if a.first_audio_ns is None
             else round((a.first_audio_ns - req.t_start_ns) / 1e6, 1),
