@@ -34,7 +34,10 @@ engine).
 
     python benchmarks/kokoro_capacity.py [--calls 1,2,3,4,6] [--seconds 20]
         [--threads 1] [--synth-workers N] [--models-dir DIR] [--plan NAME]
-        [--slow [FACTOR]] [--slow-mode burn|quota]
+        [--slow [FACTOR]] [--slow-mode burn|quota] [--rss-every S]
+
+The engine's RSS is sampled all along and printed by minute with its growth after
+minute 5: a soak is one long N, e.g. ``--calls 4 --seconds 1800``.
 
 Quote numbers from a run under ``flock -x /tmp/ttsdock-cpu.lock`` with the load
 average it prints.
@@ -49,6 +52,7 @@ import itertools
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -415,15 +419,34 @@ async def main_async(args: argparse.Namespace) -> int:
         return await _measure(args, ports, oap, servers, procs, log_dir)
 
 
+def rss_mb(pid: int) -> float:
+    """Resident set of a process now (``VmRSS``), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+async def sample_rss(pid: int, every: float, out: list[tuple[float, float]]) -> None:
+    t0 = time.monotonic()
+    while True:
+        with contextlib.suppress(OSError):
+            out.append((time.monotonic() - t0, rss_mb(pid)))
+        await asyncio.sleep(every)
+
+
 async def _measure(
     args: argparse.Namespace,
     ports: dict[str, int],
     oap: FakeOap,
     servers: list[asyncio.Server],
-    procs: list,  # type: ignore[type-arg]
+    procs: list[subprocess.Popen[bytes]],
     log_dir: Path,
 ) -> int:
     poller: asyncio.Task[None] | None = None
+    rss: list[tuple[float, float]] = []
+    sampler: asyncio.Task[None] | None = None
     try:
 
         async def docked() -> bool:
@@ -442,6 +465,7 @@ async def _measure(
         plan = engine.plan
         print(f"engine plan {plan}: {plan_rate:.2f} audio s per wall s on all cores", flush=True)
         poller = asyncio.create_task(engine.poll_forever())
+        sampler = asyncio.create_task(sample_rss(procs[1].pid, args.rss_every, rss))
         texts = Sentences(args.seed)
         results: list[Result] = []
         for k, n in enumerate(args.calls):
@@ -461,10 +485,12 @@ async def _measure(
         await engine.poll()
         hits = engine.stats.get("synth.prompt_cache_hits", float("nan"))
         report(args, results, rate, hits, plan_rate, plan)
+        print_rss(rss)
         return 0
     finally:
-        if poller is not None:
-            poller.cancel()
+        for task in (poller, sampler):
+            if task is not None:
+                task.cancel()
         await asyncio.to_thread(stop_processes, procs)
         for s in servers:
             s.close()
@@ -526,6 +552,24 @@ def report(
     print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
+def print_rss(rss: list[tuple[float, float]]) -> None:
+    """The engine's RSS over the run, and its growth after minute 5 (soak runs)."""
+    if not rss:
+        return
+    print("engine RSS (MB) by minute: " + ", ".join(
+        f"{t / 60:.0f}:{mb:.0f}" for t, mb in rss if t % 60 < rss_step(rss)))  # fmt: skip
+    after5 = [mb for t, mb in rss if t >= 300]
+    if len(after5) >= 2:
+        print(
+            f"RSS growth after minute 5: {after5[0]:.0f} -> {after5[-1]:.0f} MB "
+            f"({(after5[-1] - after5[0]) / after5[0]:+.1%}), max {max(after5):.0f} MB"
+        )
+
+
+def rss_step(rss: list[tuple[float, float]]) -> float:
+    return rss[1][0] - rss[0][0] if len(rss) > 1 else 60.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--calls", default="1,2,3,4,6", help="comma-separated N to run")
@@ -552,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--rss-every", type=float, default=10.0, help="sample the engine's RSS every S s"
+    )
     p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")
     args = p.parse_args(argv)
     try:

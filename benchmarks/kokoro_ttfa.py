@@ -23,7 +23,12 @@ total compute / raw compute on identical tokens (through the dock: wall to the
 last packet / raw compute), the load average, and peak RSS (through the dock:
 the engine process's VmHWM).
 
-    python benchmarks/kokoro_ttfa.py [--direct] [--repeats 3] [--threads 2] [--models-dir DIR]
+Also printed: sentences in which a zero-buffer player (starting at the first packet)
+hears a gap over 50 ms, and the engine's compute per audio second (its prosody and
+decode time from STATS) over the raw whole-graph run's (target <= 1.15).
+
+    python benchmarks/kokoro_ttfa.py [--direct] [--repeats 3] [--threads N] [--models-dir DIR]
+        [--engine-threads N] [--plan NAME] [--slow [FACTOR]] [--slow-mode burn|quota]
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from demo import (  # noqa: E402
     stop_processes,
     wait_for,
 )
+from slowdown import slowed  # noqa: E402
 
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
@@ -68,6 +74,7 @@ from engines.kokoro.models import (  # noqa: E402
     load_vocab,
 )
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer  # noqa: E402
+from engines.runtime.playback import PlaybackMeter  # noqa: E402
 from engines.runtime.synth import SAMPLE_RATE, CallState, CancelToken  # noqa: E402
 from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
 
@@ -92,6 +99,7 @@ SENTENCES: list[tuple[str, str]] = [
     ),
 ]
 VOICE = "jf_alpha"
+GAP_S = 0.05  # a gap a caller hears
 
 
 def peak_rss_mb() -> float:
@@ -116,6 +124,9 @@ class Row:
     konnx: float  # kokoro-onnx create() on the whole sentence
     raw: float  # one raw session.run on the sentence's tokens
     raw_audio: float  # its (untrimmed) audio
+    compute: float = float("nan")  # the engine's inference time for the sentence (s)
+    gaps: int = 0  # a zero-buffer player's gaps over 50 ms (through the dock)
+    gap_ms: float = 0.0
 
 
 class Baselines:
@@ -244,20 +255,28 @@ async def dock_rows(
     engine_args = [
         "--models-dir", str(mdir),
         "--voice", VOICE,
-        "--threads", str(args.threads),
         "--prompt-cache-mb", "0",
     ]  # fmt: skip
+    if args.engine_threads:
+        engine_args += ["--threads", str(args.engine_threads)]
+    if args.plan:
+        engine_args += ["--plan", args.plan]
     if args.no_split:
         engine_args.append("--no-split")
     if args.no_edge_cap:
         engine_args.append("--no-edge-cap")
-    procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
-    try:
-        return await _dock_measure(args, model, ports, procs, oap)
-    finally:
-        await asyncio.to_thread(stop_processes, procs)
-        for s in servers:
-            s.close()
+    with contextlib.ExitStack() as stack:
+        if args.slow_mode == "burn":
+            print(stack.enter_context(slowed("burn", args.slow)), flush=True)
+        procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
+        if args.slow_mode == "quota":
+            print(stack.enter_context(slowed("quota", args.slow, [procs[1].pid])), flush=True)
+        try:
+            return await _dock_measure(args, model, ports, procs, oap)
+        finally:
+            await asyncio.to_thread(stop_processes, procs)
+            for s in servers:
+                s.close()
 
 
 async def _dock_measure(
@@ -288,7 +307,7 @@ async def _dock_measure(
     _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
     call_id = 0
 
-    async def speak(text: str) -> tuple[CallAudio, float]:
+    async def speak(text: str) -> tuple[CallAudio, float, float]:
         nonlocal call_id
         call_id += 1
         before = await engine_stats()
@@ -307,14 +326,16 @@ async def _dock_measure(
         after = await engine_stats()
         mgmt_w.write(encode_frame(encode_mgmt(CallEnd(call_id))))
         await mgmt_w.drain()
-        return call, pieces(after, "synth.") - pieces(before, "synth.")
+        compute = after.get("synth.infer_ms_total", 0) - before.get("synth.infer_ms_total", 0)
+        return call, pieces(after, "synth.") - pieces(before, "synth."), compute / 1000
 
     await speak("Hallo, wie geht es?")  # one utterance through the whole path first
     rows: list[list[Row]] = [[] for _ in SENTENCES]
     for _ in range(args.repeats):
         for i, (lang, text) in enumerate(SENTENCES):
-            call, phrases = await speak(text)
+            call, phrases, compute = await speak(text)
             assert call.first_at is not None and call.last_at is not None
+            gaps = player_gaps(call)
             k = await asyncio.to_thread(base.run_konnx, lang, text)
             raw, raw_aud = await asyncio.to_thread(base.run_raw, base.tokens(text))
             rows[i].append(
@@ -326,6 +347,9 @@ async def _dock_measure(
                     k,
                     raw,
                     raw_aud,
+                    compute,
+                    len(gaps),
+                    sum(gaps) * 1000,
                 )
             )
             await asyncio.sleep(0.2)
@@ -333,6 +357,19 @@ async def _dock_measure(
         w.close()
     rss = f"peak RSS of the engine process (VmHWM): {vm_hwm_mb(engine_pid):.0f} MB"
     return rows, rss
+
+
+def player_gaps(call: CallAudio) -> list[float]:
+    """Gaps over ``GAP_S`` a zero-buffer player hears: it starts at the first packet and
+    plays in real time; a packet that arrives after what came before has played out is
+    late by the gap."""
+    meter = PlaybackMeter()
+    out = []
+    for t, samples in call.arrivals:
+        gap = meter.sent(samples, t)
+        if gap > GAP_S:
+            out.append(gap)
+    return out
 
 
 # -- report --------------------------------------------------------------------------------
@@ -346,18 +383,26 @@ def report(rows: list[list[Row]], mode: str, rss: str, base_tokens: Callable[[st
     print(f"measured: {mode}")
     print(
         f"{'lang':4} {'tok':>4} {'ttfa':>6} {'total':>6} {'audio':>6} {'konnx':>6} {'raw':>6} "
-        f"{'raw_aud':>7} {'ttfa/konnx':>10} {'rtf/raw':>7} {'cmp/raw':>7} {'phr':>4}"
+        f"{'raw_aud':>7} {'ttfa/konnx':>10} {'rtf/raw':>7} {'cmp/raw':>7} {'phr':>4} "
+        f"{'eng/raw':>7} {'gaps':>4}"
     )
     ttfas: list[float] = []
+    all_ttfa: list[float] = []
     ttfa_r: list[float] = []
     rtf_r: list[float] = []
     cmp_r: list[float] = []
+    eng_r: list[float] = []
+    gapped = sum(1 for rs in rows for r in rs if r.gaps)
+    runs = sum(len(rs) for rs in rows)
     for (lang, text), rs in zip(SENTENCES, rows, strict=True):
         # ratios per repeat (each pair ran back to back), then the median over repeats
         ttfa = median(r.ttfa for r in rs)
         t_k = median(r.ttfa / r.konnx for r in rs)
         t_rtf = median((r.total / r.audio) / (r.raw / r.raw_audio) for r in rs)
         t_cmp = median(r.total / r.raw for r in rs)
+        t_eng = median((r.compute / r.audio) / (r.raw / r.raw_audio) for r in rs)
+        all_ttfa += [r.ttfa for r in rs]
+        eng_r.append(t_eng)
         ttfas.append(ttfa)
         ttfa_r.append(t_k)
         rtf_r.append(t_rtf)
@@ -366,12 +411,20 @@ def report(rows: list[list[Row]], mode: str, rss: str, base_tokens: Callable[[st
             f"{lang:4} {base_tokens(text):4d} {ttfa:6.3f} {median(r.total for r in rs):6.3f} "
             f"{median(r.audio for r in rs):6.2f} {median(r.konnx for r in rs):6.3f} "
             f"{median(r.raw for r in rs):6.3f} {median(r.raw_audio for r in rs):7.2f} "
-            f"{t_k:10.2f} {t_rtf:7.2f} {t_cmp:7.2f} {median(r.phrases for r in rs):4.1f}"
+            f"{t_k:10.2f} {t_rtf:7.2f} {t_cmp:7.2f} {median(r.phrases for r in rs):4.1f} "
+            f"{t_eng:7.2f} {sum(r.gaps for r in rs):4d}"
         )
     print()
+    all_ttfa.sort()
+    p95 = all_ttfa[min(len(all_ttfa) - 1, round(0.95 * (len(all_ttfa) - 1)))]
     print(
-        f"TTFA p50 {median(ttfas) * 1000:.0f} ms; TTFA / kokoro-onnx whole sentence: "
-        f"p50 {median(ttfa_r):.2f} (target <= 0.15), max {max(ttfa_r):.2f}"
+        f"TTFA p50 {median(ttfas) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms; TTFA / kokoro-onnx "
+        f"whole sentence: p50 {median(ttfa_r):.2f} (target <= 0.15), max {max(ttfa_r):.2f}"
+    )
+    print(
+        f"sentences with a gap > {GAP_S * 1000:.0f} ms (zero-buffer player): {gapped} of {runs}; "
+        f"engine compute per audio s / whole graph (raw, same tokens): p50 "
+        f"{median(eng_r):.2f}, max {max(eng_r):.2f} (target <= 1.15; direct mode: nan)"
     )
     print(
         f"RTF ours / raw onnxruntime (same tokens): p50 {median(rtf_r):.2f} (target <= 1.05); "
@@ -384,7 +437,26 @@ def report(rows: list[list[Row]], mode: str, rss: str, base_tokens: Callable[[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models-dir", type=Path, default=None)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="intra-op threads of the kokoro-onnx and raw baselines (default: every core)",
+    )
+    p.add_argument(
+        "--engine-threads", type=int, default=None, help="engine --threads (default: its own)"
+    )
+    p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
+    p.add_argument(
+        "--slow",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=1.0,
+        metavar="FACTOR",
+        help="emulate a CPU FACTOR times slower (slowdown.py; default when given: 2)",
+    )
+    p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
     p.add_argument("--no-edge-cap", action="store_true", help="render the full edge silence")

@@ -50,7 +50,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     prefixes = ("TTSDOCK_", "KOKORO_", "WHISPERTALK_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env.pop("NOTIFY_SOCKET", None)
-    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra})
+    # Kokoro's windows paced as on a fast CPU, whatever this machine's speed: a test's
+    # window layout (how much audio a barge-in can still stop) must not depend on it
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "KOKORO_ASSUME_RTF": "0.3",
+            **extra,
+        }
+    )
     return env
 
 

@@ -52,7 +52,7 @@ def test_is_a_synthesizer(kokoro_synth: KokoroSynthesizer) -> None:
     assert kokoro_synth.sample_rate == SAMPLE_RATE == 24000
     assert kokoro_synth.default_voice == "jf_alpha"
     assert {"jf_alpha", "jm_kumo"} <= set(kokoro_synth.voices())
-    assert kokoro_synth.status_suffix() == ":G2P:espeak"
+    assert kokoro_synth.status_suffix() == f":G2P:espeak:PLAN:{kokoro_synth.plan().name}"
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_with_units_waiting_a_unit_keeps_to_one_core() -> None:
     # the first unit started alone; while both were open, the ready one kept to one core
     assert a[0].cores == 2
     assert any(g.cores == 1 and g.others == 1 for g in a[1:] + b)
-    assert all(g.share >= 1.0 for g in a + b)
+    assert all(g.share == 2 / (g.others + 1) for g in a + b)
 
 
 def test_a_new_utterance_is_due_after_the_start_slack_or_when_its_call_runs_dry() -> None:

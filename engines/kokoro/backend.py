@@ -223,13 +223,11 @@ class OnnxBackend:
     def _options(self, threads: int) -> tuple[Any, list[str]]:
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        if not self.spinning:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        from engines.kokoro.graph_variants import session_options
+
+        # no memory patterns: they are cached per input shape, and every window and
+        # sentence has its own shape (the cache would grow for the process's lifetime)
+        opts = session_options(threads, spinning=self.spinning, mem_pattern=False)
         available = ort.get_available_providers()
         providers = ["CPUExecutionProvider"]
         if self.device in ("auto", "cuda") and "CUDAExecutionProvider" in available:

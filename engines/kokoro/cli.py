@@ -189,10 +189,11 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--assume-rtf",
         type=float,
-        default=None,
+        default=env("KOKORO_ASSUME_RTF", float, None),
         metavar="RTF",
         help="pace the windows as if decoding took RTF compute seconds per audio second "
-        "(default: the measured speed); makes window plans the same on every machine",
+        "(default: the measured speed); makes window plans the same on every machine "
+        "[env KOKORO_ASSUME_RTF]",
     )
 
 

@@ -49,11 +49,12 @@ PROBE_FRAMES = 40  # kept frames of the probe window (1 s), decoded with context
 PROBE_CONTEXT = 10
 PROBE_RUNS = 2  # timed runs per candidate and thread count (the fastest counts)
 #: Mean absolute difference of log10 magnitude spectra (n_fft 1024, hop 256) allowed
-#: between a variant's probe audio and the shipped graph's: the int8 graph's own
-#: distance from its float weights is about 0.05-0.08 on speech (measured with
-#: benchmarks/kokoro_plans.py), so a variant within this is as close to the
-#: shipped audio as the shipped audio is to the model it quantises.
-MAX_LOG_SPECTRAL_DISTANCE = 0.12
+#: between a variant's probe audio and the shipped graph's: the model's own precision.
+#: The shipped int8 graph differs from the same weights run in float32 by 0.20 on
+#: whole sentences (benchmarks/kokoro_plans.py; its activation quantisation), so a
+#: variant within this is as close to the shipped audio as the shipped audio is to the
+#: model it quantises; half gain is 0.30, and a wrong graph is far above.
+MAX_LOG_SPECTRAL_DISTANCE = 0.25
 
 Decode = Callable[[Any, int], npt.NDArray[np.float32]]  # (session, threads) -> probe audio
 
@@ -312,7 +313,9 @@ def choose(
         "plan_chosen",
         plan=best.variant,
         calibration_s=round(time.monotonic() - t0, 1),
-        candidates={m.variant: m.rtf if not m.error else m.error for m in measured},
+        candidates={
+            m.variant: m.error or {"rtf": m.rtf, "distance": round(m.distance, 3)} for m in measured
+        },
     )
     return choice
 
@@ -345,7 +348,7 @@ def _session(source: str | bytes, threads: int, spinning: bool) -> Any:
 
     return ort.InferenceSession(
         source,
-        session_options(threads, spinning=spinning),
+        session_options(threads, spinning=spinning, mem_pattern=False),
         providers=["CPUExecutionProvider"],
     )
 

@@ -351,7 +351,10 @@ class KokoroSynthesizer:
         cfg = self.config
         if not cfg.split or cfg.device == "cuda":
             return None
-        stages = split_sources(model)
+        try:
+            stages = split_sources(model)
+        except Exception:  # a corrupt or foreign graph: the backend says why
+            return None
         if stages is None:
             return None
         try:
@@ -599,7 +602,7 @@ class KokoroSynthesizer:
             wide = self._threads_for(UnitGrant(grant.cpus))
             return Pace.from_rtf(fixed if fixed is not None else self._speed.rtf(wide))
         rtf = fixed if fixed is not None else self._speed.rtf(1)
-        rtf /= min(1.0, grant.cpus / (grant.others + 1))
+        rtf /= min(1.0, grant.share)
         return Pace.from_rtf(rtf, shared=True)
 
     def _ahead_s(self, state: CallState, emitted_s: float, t_first: float | None) -> float:

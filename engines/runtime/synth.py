@@ -126,8 +126,9 @@ class UnitGrant:
 
     @property
     def share(self) -> float:
-        """Cores this utterance can count on over its next units (at least one)."""
-        return max(1.0, self.cpus / (self.others + 1))
+        """Cores this utterance can count on over its next units when every utterance in
+        progress gets its turn (below 1: it waits for others' units too)."""
+        return self.cpus / (self.others + 1)
 
 
 _grant = threading.local()
