@@ -524,3 +524,13 @@ async def test_the_load_meter_decides_admission() -> None:
         )
         assert status == 503 and headers["Retry-After"] == "1", raw
         assert "predicted headroom 0.47 calls" in json.loads(raw)["error"]["message"]
+
+
+async def test_wyoming_idle_connection_is_closed() -> None:
+    async with serving_engine(ToneSynth(), http=None) as eng:
+        eng.protocols.wyoming.idle_timeout = 0.3
+        reader, writer = await asyncio.open_connection("127.0.0.1", eng.wyoming_port)
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert time.monotonic() - t0 < 3
+        writer.close()
