@@ -14,7 +14,7 @@ python -m pip install -q --upgrade pip || echo "pip upgrade skipped (offline?)" 
 # for the qwen3 extra. Where a local CPU wheel is configured for pip it is used; elsewhere
 # set PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index to avoid a multi-GB CUDA build.
 python -m pip install -q "torch==${TTSDOCK_TORCH_VERSION:-2.13.0}"
-python -m pip install -q -e '.[kokoro,qwen3,dev]'
+python -m pip install -q -e '.[kokoro,qwen3,dev,http]'
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 echo "== pytest"

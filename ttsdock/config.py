@@ -55,6 +55,9 @@ class Config:
     log_level: str = "INFO"
     udp_log: tuple[str, int] | None = None
     ready_file: Path | None = None
+    http_host: str = LOOPBACK
+    http_port: int | None = None  # None: no HTTP listener (/metrics, /health)
+    http_token_file: Path | None = None
 
     def cipher(self) -> FrameCipher | None:
         """The interconnect cipher, or ``None`` when encryption is off. Raises ``ValueError``
@@ -199,6 +202,25 @@ def build_parser() -> argparse.ArgumentParser:
         const=f"{UDP_LOG_DEFAULT[0]}:{UDP_LOG_DEFAULT[1]}",
     )
     add(
+        "--http-host",
+        d.http_host,
+        "HTTP listen address (/metrics, /health); a non-loopback address needs "
+        "--http-token-file (default %(default)s)",
+    )
+    add(
+        "--http-port",
+        None,
+        "HTTP port for GET /metrics (Prometheus) and GET /health (default: off; 0 picks "
+        "a free port; needs the http extra)",
+        type=port,
+    )
+    add(
+        "--http-token-file",
+        None,
+        "file whose first line is the bearer token HTTP requests must send",
+        type=Path,
+    )
+    add(
         "--ready-file",
         None,
         "write a JSON of the bound ports here once all listeners are up",
@@ -246,4 +268,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         log_level=ns.log_level,
         udp_log=udp,
         ready_file=ns.ready_file,
+        http_host=ns.http_host,
+        http_port=ns.http_port,
+        http_token_file=ns.http_token_file,
     )

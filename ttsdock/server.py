@@ -113,6 +113,7 @@ class Dock:
         self.stopping = asyncio.Event()
         self.commands = CommandTable(self.pipeline, self.started_at)
         self.closing = False
+        self.http: Any = None  # svc.http.HttpServer with --http-port
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self, listeners: Listeners) -> dict[str, int]:
@@ -132,6 +133,11 @@ class Dock:
         assert cmd is not None
         self.servers.append(cmd)
         self.ports["cmd"] = int(cmd.sockets[0].getsockname()[1])
+        if self.cfg.http_port is not None:  # optional: GET /metrics, /health (http extra)
+            from ttsdock.http import DockHttp
+
+            self.http = DockHttp(self.commands).server(self.cfg)
+            self.ports["http"] = await self.http.start()
         for name, host in (
             ("llama", self.cfg.llama_host),
             ("dock", self.cfg.dock_host),
@@ -183,6 +189,8 @@ class Dock:
         self.pipeline.closing = True
         for server in self.servers:
             server.close()
+        if self.http is not None:
+            await self.http.close()
         for conn in list(self.pipeline.engine_conns):
             conn.abort("dock_stopping")
         for ch in list(self.pipeline.channels):
@@ -285,6 +293,11 @@ async def serve(cfg: Config) -> int:
         log.error("bind_failed", error=str(exc))
         await dock.stop()
         return 1
+    except ValueError as exc:  # svc.http.HttpConfigError: no token for a public address
+        log.error("config_invalid", error=str(exc))
+        print(f"ttsdock serve: {exc}", file=sys.stderr)
+        await dock.stop()
+        return 2
     if cfg.ready_file is not None:
         _write_ready(cfg.ready_file, ports)
     # start-up objects never become garbage: keep them out of every later GC pass, so that

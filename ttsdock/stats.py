@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from svc.metrics import Family, counter, gauge, labelled, render, summary
 from svc.stats import percentile
 
 RESERVOIR = 8192  # most recent hop samples kept for percentiles (bounded)
@@ -86,23 +87,26 @@ class Stats:
 
     def prometheus(self, gauges: dict[str, int]) -> str:
         """METRICS reply: Prometheus text exposition format (multi-line, ends with a newline)."""
-        lines: list[str] = []
-        d = self.as_dict()
-        for name, value in d.items():
+        return render(self.families(gauges))
+
+    def families(self, gauges: dict[str, int]) -> list[Family]:
+        """The dock's metric families (``svc.metrics``): cmd ``METRICS`` and HTTP
+        ``/metrics`` render these."""
+        fams: list[Family] = []
+        for name, value in self.as_dict().items():
             if name.startswith(("drop_", "hop_", "drops_total")):
                 continue
-            metric = f"ttsdock_{name}_total"
-            lines += [f"# TYPE {metric} counter", f"{metric} {value}"]
-        lines.append("# TYPE ttsdock_frames_dropped_total counter")
-        for reason, n in sorted(self.drops.items()):
-            lines.append(f'ttsdock_frames_dropped_total{{reason="{reason}"}} {n}')
-        lines.append("# TYPE ttsdock_hop_latency_seconds summary")
+            fams.append(counter(f"ttsdock_{name}_total", value))
+        fams.append(labelled("ttsdock_frames_dropped_total", "counter", dict(self.drops), "reason"))
         values = sorted(self.hop_us)
-        for p in PERCENTILES:
-            q = percentile(values, p, presorted=True) / 1e6
-            lines.append(f'ttsdock_hop_latency_seconds{{quantile="{p / 100:g}"}} {q:.6f}')
-        lines.append(f"ttsdock_hop_latency_seconds_sum {self.hop_sum_us / 1e6:.6f}")
-        lines.append(f"ttsdock_hop_latency_seconds_count {self.hop_count}")
+        fams.append(
+            summary(
+                "ttsdock_hop_latency_seconds",
+                {p / 100: percentile(values, p, presorted=True) / 1e6 for p in PERCENTILES},
+                self.hop_sum_us / 1e6,
+                self.hop_count,
+            )
+        )
         for name, value in gauges.items():
-            lines += [f"# TYPE ttsdock_{name} gauge", f"ttsdock_{name} {value}"]
-        return "\n".join(lines) + "\n"
+            fams.append(gauge(f"ttsdock_{name}", value))
+        return fams

@@ -34,6 +34,7 @@ from engines.runtime.calls import (
 )
 from engines.runtime.client import EngineClient
 from engines.runtime.cmdport import CommandHandler, reload_lexicon_reply
+from engines.runtime.protocols import ProtocolConfig, ProtocolServers
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import ExecutionPlan, Synthesizer
 from engines.runtime.threads import in_thread, live_threads
@@ -72,6 +73,7 @@ class EngineConfig:
     call_idle_s: float = CALL_IDLE_S  # a call without events this long is forgotten
     max_calls: int = MAX_CALLS  # live calls kept (least recently active idle one evicted)
     synth_workers: int = SYNTH_WORKERS  # inference pool threads (not self-scheduled engines)
+    protocols: ProtocolConfig = field(default_factory=ProtocolConfig)  # HTTP, Wyoming: off
 
     def __post_init__(self) -> None:
         if self.synth_workers < 1:
@@ -109,6 +111,9 @@ class Engine:
         )
         self.commands = CommandHandler(
             synth, self.settings, self.calls, self.client, self.stats, config.out_dir
+        )
+        self.protocols = ProtocolServers(
+            config.name, synth, self.calls, self.commands, self.client, config.protocols
         )
         self.stop = asyncio.Event()
         self.stop_reason = ""
@@ -175,6 +180,8 @@ class Engine:
         # the dock client returns only once a stop was asked for: earlier is fatal
         sup.spawn(self.client.run(self.stop), "dock-client", must_run=True)
         sup.spawn(self.calls.sweep_forever(), "call-sweeper", critical=True)
+        if self.protocols.enabled:  # HTTP / Wyoming listeners (bound with retry, like 13144)
+            sup.spawn(self.protocols.serve(self.stop), "protocol-listeners", critical=True)
         sup.spawn(watchdog_loop(), "watchdog", critical=True)
 
     def _task_failed(self, task: asyncio.Task[None]) -> None:
@@ -214,6 +221,7 @@ class Engine:
         log.info("engine_stopping", reason=self.stop_reason)
         self.supervisor.begin_close()
         self.stop.set()
+        await self.protocols.stop()
         await self.calls.close(WORKERS_GRACE)
         if self.cmd_server is not None:
             self.cmd_server.close()

@@ -20,7 +20,9 @@ packet + audio produced, shifted by underruns) minus its estimated next unit
 next unit only after it has sent the last one (and the dock socket has drained),
 so a call whose queue is full stops pulling from synthesis.
 Rule 2: this file does not know the wire: audio leaves through an
-``AudioSink`` (the dock client), and events arrive as method calls.
+``AudioSink`` (the dock client; for a protocol request, HTTP or Wyoming, the
+sink of that request: ``open_request``, ``engines.runtime.requests``), and
+events arrive as method calls.
 
 Barge-in guarantee: ``on_speech_active`` runs synchronously when the
 SPEECH_ACTIVE frame is decoded; it cancels the utterance's token, and the
@@ -156,6 +158,16 @@ class AudioSink(Protocol):
     async def drain(self) -> None: ...
 
 
+class RequestHooks(Protocol):
+    """What a protocol request adds to its call: its own voice and speed (``None``: the
+    engine's), and a callback after each of its utterances (done, failed or cancelled)."""
+
+    voice: str | None
+    speed: float | None
+
+    def utterance_ended(self) -> None: ...
+
+
 @dataclass
 class EngineSettings:
     """Engine-wide settings changed from the cmd port; snapshotted per utterance."""
@@ -229,8 +241,10 @@ class Utterance:
 class CallWorker:
     """One call id: state, FIFO text queue, phase, and the task that speaks it."""
 
-    def __init__(self, call_id: int) -> None:
+    def __init__(self, call_id: int, sink: AudioSink) -> None:
         self.state = CallState(call_id)
+        self.sink = sink  # where its audio goes: the dock, or a protocol request's client
+        self.request: RequestHooks | None = None  # set for a protocol request (``open_request``)
         self.phase = CallPhase.IDLE
         self.queue: deque[tuple[str, int]] = deque()
         self.current: Utterance | None = None
@@ -410,10 +424,20 @@ class CallManager:
         know these utterances); calls keep their state (voice, prosody)."""
         abandoned = 0
         for w in self.calls.values():
-            if w.cut():
+            if w.request is None and w.cut():  # a protocol request's client is still there
                 abandoned += 1
         if abandoned:
             log.info("utterances_abandoned", calls=abandoned, reason="dock_lost")
+
+    def open_request(self, call_id: int, sink: AudioSink, hooks: RequestHooks) -> None:
+        """Open a call for a protocol request (HTTP, Wyoming; ``engines.runtime.requests``):
+        a call like a docked one (text through ``on_text``, cancel through
+        ``on_speech_active``, end through ``on_call_end``), whose audio goes to ``sink``."""
+        if call_id in self.calls:
+            raise ValueError(f"call {call_id} is already open")
+        w = self._open(call_id)
+        w.sink = sink
+        w.request = hooks
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -425,7 +449,7 @@ class CallManager:
     def _open(self, call_id: int) -> CallWorker:
         if len(self.calls) >= self.max_calls:
             self._evict_over_cap(self.max_calls - 1)
-        w = CallWorker(call_id)
+        w = CallWorker(call_id, self.sink)
         w.last_active = self.clock()
         self.calls[call_id] = w
         self.stats.calls_started += 1
@@ -552,6 +576,8 @@ class CallManager:
                 utt.token.cancel()
             finally:
                 w.current = None
+                if w.request is not None:
+                    w.request.utterance_ended()
 
     async def _speak(self, w: CallWorker, utt: Utterance) -> None:
         self.waiting += 1
@@ -572,8 +598,9 @@ class CallManager:
 
     async def _synthesize(self, w: CallWorker, utt: Utterance) -> None:
         st = w.state
-        st.voice = self.settings.voice
-        st.speed = self.settings.speed
+        req = w.request
+        st.voice = self.settings.voice if req is None or req.voice is None else req.voice
+        st.speed = self.settings.speed if req is None or req.speed is None else req.speed
         st.utterances += 1
         w.utterances += 1
         self.stats.utterances_started += 1
@@ -633,14 +660,14 @@ class CallManager:
                 for i, pcm in enumerate(step.packets):
                     # a unit can be seconds of audio: while the dock pushes back, the rest
                     # waits here, where a barge-in (the gate in _send) still drops it
-                    if i and self.sink.write_paused:
-                        await self.sink.drain()
+                    if i and w.sink.write_paused:
+                        await w.sink.drain()
                     self._send(w, utt, pcm, unit_start=i == 0)
                 if step.finished:
                     end = _End(job.framer.samples_out, job.framer.truncated, step.error)
                     break
-                if self.sink.write_paused:
-                    await self.sink.drain()
+                if w.sink.write_paused:
+                    await w.sink.drain()
                 now = time.monotonic()
                 deadline, ready_at = deadline_for(
                     meter.dry_at(now), self._next_unit_s(job, step), self.max_ahead_s
@@ -696,8 +723,8 @@ class CallManager:
                     end = item
                     break
                 self._send(w, utt, item)
-                if self.sink.write_paused:
-                    await self.sink.drain()
+                if w.sink.write_paused:
+                    await w.sink.drain()
         finally:
             if end is None:  # cancelled while waiting: the thread finishes on its own
                 utt.token.cancel()
@@ -712,7 +739,7 @@ class CallManager:
         if utt.token.cancelled or w.closed:
             self.stats.packets_suppressed += 1
             return
-        if not self.sink.send_audio(w.call_id, pcm):
+        if not w.sink.send_audio(w.call_id, pcm):
             self.stats.packets_unsent += 1
             utt.token.cancel()
             return

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from engines.runtime.protocols import ProtocolConfig
 from engines.runtime.schedule import SYNTH_WORKERS
 from engines.runtime.synth import SAMPLE_RATE, SPEED_MAX, SPEED_MIN, Synthesizer
 from engines.text import TextOptions
@@ -163,8 +164,119 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
         help=f"also send WhisperTalk UDP log lines (default: off; {UDP_LOG_DEFAULT} when "
         "given without a value) [env TTSDOCK_UDP_LOG]",
     )
+    add_protocol_arguments(p)
     add_text_arguments(p)
     return p
+
+
+def _wyoming_uri(text: str) -> str:
+    if not text.startswith(("tcp://", "unix://")):
+        raise argparse.ArgumentTypeError(f"{text!r}: use tcp://HOST:PORT or unix:///PATH")
+    return text
+
+
+def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
+    """HTTP (OpenAI speech, Prometheus, health) and Wyoming listeners; off by default."""
+
+    def env(name: str, convert: Callable[[str], T], fallback: T) -> T:
+        return env_default(p, name, convert, fallback)
+
+    g = p.add_argument_group(
+        "protocol listeners (README 'HTTP: OpenAI speech, metrics, health', 'Wyoming'; "
+        "need the http extra: pip install ttsdock[http])"
+    )
+    g.add_argument(
+        "--http-host",
+        default=env("TTSDOCK_HTTP_HOST", str, "127.0.0.1"),
+        help="HTTP listen address; any non-loopback address needs --http-token-file "
+        "[env TTSDOCK_HTTP_HOST]",
+    )
+    g.add_argument(
+        "--http-port",
+        type=port,
+        default=env("TTSDOCK_HTTP_PORT", port, None),
+        help="HTTP port: /v1/audio/speech, /v1/models, /v1/audio/voices, /health, /metrics "
+        "(default: off; 0 picks a free port, logged) [env TTSDOCK_HTTP_PORT]",
+    )
+    g.add_argument(
+        "--http-token-file",
+        type=Path,
+        metavar="PATH",
+        default=env("TTSDOCK_HTTP_TOKEN_FILE", Path, None),
+        help="file whose first line is the bearer token HTTP requests must send "
+        "(Authorization: Bearer <token>) [env TTSDOCK_HTTP_TOKEN_FILE]",
+    )
+    g.add_argument(
+        "--http-idle-timeout",
+        type=_timeout,
+        default=env("TTSDOCK_HTTP_IDLE_TIMEOUT", _timeout, 15.0),
+        help="seconds an idle connection, or one still sending its request head, is kept "
+        "[env TTSDOCK_HTTP_IDLE_TIMEOUT]",
+    )
+    g.add_argument(
+        "--http-max-body",
+        type=_body,
+        default=env("TTSDOCK_HTTP_MAX_BODY", _body, 65536),
+        help="bytes of request body accepted [env TTSDOCK_HTTP_MAX_BODY]",
+    )
+    g.add_argument(
+        "--wyoming-uri",
+        type=_wyoming_uri,
+        default=env("TTSDOCK_WYOMING_URI", _wyoming_uri, None),
+        help="Wyoming TTS server, e.g. tcp://127.0.0.1:10200 or unix:///run/tts.sock "
+        "(default: off) [env TTSDOCK_WYOMING_URI]",
+    )
+    g.add_argument(
+        "--protocol-max-requests",
+        type=_positive,
+        default=env("TTSDOCK_PROTOCOL_MAX_REQUESTS", _positive, 2),
+        help="HTTP + Wyoming syntheses running at once; more get 429 / an error event "
+        "[env TTSDOCK_PROTOCOL_MAX_REQUESTS]",
+    )
+    g.add_argument(
+        "--protocol-max-input",
+        type=_positive,
+        default=env("TTSDOCK_PROTOCOL_MAX_INPUT", _positive, 4096),
+        help="characters of text per HTTP or Wyoming request [env TTSDOCK_PROTOCOL_MAX_INPUT]",
+    )
+    g.add_argument(
+        "--protocol-min-headroom",
+        type=_calls,
+        default=env("TTSDOCK_PROTOCOL_MIN_HEADROOM", _calls, 1.0),
+        help="predicted headroom (calls) a new HTTP or Wyoming request needs, else 503 / "
+        "an error event; 0: never refuse for headroom (an engine without phone calls) "
+        "[env TTSDOCK_PROTOCOL_MIN_HEADROOM]",
+    )
+
+
+_timeout = float_in(0.1, 3600.0, "seconds")
+_calls = float_in(0.0, 1000.0, "calls")
+_body = int_in(1024, 16 << 20, "bytes")
+
+
+def protocol_config(args: argparse.Namespace) -> ProtocolConfig:
+    """``ProtocolConfig`` from parsed flags; ``HttpConfigError`` for a listener that must
+    not start (a non-loopback address without a token, an unreadable token file)."""
+    from svc.http import HttpSettings, read_token
+
+    http: HttpSettings | None = None
+    if getattr(args, "http_port", None) is not None:
+        token_file = getattr(args, "http_token_file", None)
+        http = HttpSettings(
+            host=args.http_host,
+            port=int(args.http_port),
+            token=read_token(token_file) if token_file is not None else None,
+            idle_timeout=float(args.http_idle_timeout),
+            max_body=int(args.http_max_body),
+        )
+        http.check()
+    return ProtocolConfig(
+        http=http,
+        wyoming_uri=getattr(args, "wyoming_uri", None),
+        max_requests=int(getattr(args, "protocol_max_requests", 2)),
+        max_input=int(getattr(args, "protocol_max_input", 4096)),
+        min_headroom=float(getattr(args, "protocol_min_headroom", 1.0)),
+    )
 
 
 def add_text_arguments(p: argparse.ArgumentParser) -> None:
@@ -216,6 +328,7 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
     while docked; the caller should ``return`` its value from ``main``.
     """
     from engines.runtime.app import EngineConfig, serve_forever
+    from svc.http import HttpConfigError
 
     speed = getattr(args, "speed", None)
     speed = 1.0 if speed is None else float(speed)
@@ -241,8 +354,9 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
             udp_log=args.udp_log,
             speed=speed,
             voice=getattr(args, "voice", None),
+            protocols=protocol_config(args),
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, HttpConfigError) as exc:
         print(f"ttsdock {args.name}: bad option: {exc}", file=sys.stderr)
         return 2
     if synth.sample_rate != SAMPLE_RATE:

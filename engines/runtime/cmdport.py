@@ -36,7 +36,8 @@ import structlog
 from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_pcm16
 from engines.runtime.calls import CallManager, EngineSettings
 from engines.runtime.load import LoadSnapshot
-from engines.runtime.stats import RuntimeStats, fmt_ms, prometheus_summary, render_latency
+from engines.runtime.metrics import MetricSource, engine_families
+from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
 from engines.runtime.synth import (
     SAMPLE_RATE,
     SPEED_MAX,
@@ -51,6 +52,7 @@ from engines.runtime.threads import in_thread
 from engines.text import LexiconReload
 from protocol.cmd import Command, cpp_double, parse_command
 from svc.logs import set_level
+from svc.metrics import render
 
 log = structlog.get_logger(__name__)
 
@@ -136,6 +138,8 @@ class CommandHandler:
             "SET_CALL_VOICE": self.set_call_voice,
             "RELOAD_VOICES": self.reload_voices,
         }
+        #: more METRICS families (the protocol servers register theirs)
+        self.metric_sources: list[MetricSource] = []
 
     async def __call__(self, data: bytes) -> str:
         cmd = parse_command(data)
@@ -439,61 +443,14 @@ class CommandHandler:
 
     async def metrics(self, cmd: Command) -> str:
         """Prometheus text exposition (multi-line, ends with a newline)."""
-        st, calls = self.stats, self.calls
-        p = "ttsdock_engine_"
-        lines: list[str] = []
-        for name in METRIC_COUNTERS:
-            lines += [f"# TYPE {p}{name}_total counter", f"{p}{name}_total {getattr(st, name)}"]
-        lines += [
-            f"# TYPE {p}underrun_seconds_total counter",
-            f"{p}underrun_seconds_total {st.underrun_ms / 1000:.6f}",
-            f"# TYPE {p}audio_seconds_sent_total counter",
-            f"{p}audio_seconds_sent_total {st.samples_sent / SAMPLE_RATE:.6f}",
-        ]
-        for name, window in (
-            ("ttfa_seconds", st.ttfa),
-            ("queue_wait_seconds", st.queue_wait),
-            ("sched_wait_seconds", st.sched_wait),
-            ("bargein_mute_seconds", st.bargein_mute),
-        ):
-            lines += prometheus_summary(p + name, window)
-        gauges: dict[str, float] = {
-            "calls_active": len(calls.calls),
-            "utterances_in_progress": calls.running,
-            "utterances_waiting": calls.waiting,
-        }
-        if calls.pool is not None:
-            queued, parked, busy, open_jobs = calls.pool.snapshot()
-            gauges |= {
-                "sched_open": open_jobs,
-                "synth_workers": calls.pool.workers,
-                "sched_queued": queued,
-                "sched_parked": parked,
-                "sched_busy": busy,
-            }
-        load = calls.load_snapshot()
-        gauges |= {
-            "utilisation_ratio": load.utilisation,
-            "capacity_audio_seconds_per_second": load.capacity,
-            "demand_audio_seconds_per_second": load.demand,
-            "call_demand_audio_seconds_per_second": load.call_demand,
-        }
-        if load.headroom_calls is not None:
-            gauges["headroom_calls"] = load.headroom_calls
-        for name, value in gauges.items():
-            lines += [f"# TYPE {p}{name} gauge", f"{p}{name} {value:g}"]
-        plan = plan_of(self.synth)
-        if plan is not None:
-            lines += [
-                f"# TYPE {p}plan_info gauge",
-                f'{p}plan_info{{plan="{plan.name}",source="{plan.source}"}} 1',
-                f"# TYPE {p}plan_rtf gauge",
-            ]
-            lines += [f'{p}plan_rtf{{threads="{n}"}} {r:.4f}' for n, r in sorted(plan.rtf.items())]
-        lines.append(f"# TYPE {p}call_ahead_seconds gauge")
-        for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
-            lines.append(f'{p}call_ahead_seconds{{call_id="{w.call_id}"}} {w.ahead_s():.3f}')
-        return "\n".join(lines) + "\n"
+        return self.metrics_text()
+
+    def metrics_text(self) -> str:
+        """The engine's families plus those of ``metric_sources`` (``engines.runtime.metrics``)."""
+        fams = engine_families(self.stats, self.calls, plan_of(self.synth))
+        for source in self.metric_sources:
+            fams += source()
+        return render(fams)
 
 
 def plan_of(synth: object) -> PlanInfo | None:
@@ -514,25 +471,6 @@ def render_load(load: LoadSnapshot, plan: PlanInfo | None) -> list[str]:
         rtf = ",".join(f"{n}t={r:.3f}" for n, r in sorted(plan.rtf.items()))
         fields += [f"plan={plan.name}", f"plan_source={plan.source}", f"plan_rtf={rtf}"]
     return fields
-
-
-#: RuntimeStats counters exported by METRICS as ``ttsdock_engine_<name>_total``.
-METRIC_COUNTERS = (
-    "calls_started",
-    "calls_ended",
-    "texts_received",
-    "texts_dropped",
-    "utterances_started",
-    "utterances_completed",
-    "utterances_cancelled",
-    "utterances_failed",
-    "utterances_truncated",
-    "packets_sent",
-    "packets_suppressed",
-    "packets_unsent",
-    "bargeins",
-    "underruns",
-)
 
 
 def reload_reply(res: LexiconReload) -> str:

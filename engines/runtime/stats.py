@@ -68,16 +68,6 @@ def fmt_ms(x: float) -> str:
     return f"{x:.3f}"
 
 
-def prometheus_summary(name: str, w: LatencyWindow) -> list[str]:
-    """A Prometheus summary in seconds: quantiles of the recent window, cumulative
-    ``_sum``/``_count``."""
-    out = [f"# TYPE {name} summary"]
-    for q in (50, 90, 99):
-        out.append(f'{name}{{quantile="{q / 100:g}"}} {w.p(q) / 1000:.6f}')
-    out += [f"{name}_sum {w.total_ms / 1000:.6f}", f"{name}_count {w.count}"]
-    return out
-
-
 def render_latency(name: str, w: LatencyWindow) -> list[str]:
     return [
         f"{name}_n={w.count}",

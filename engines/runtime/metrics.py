@@ -1,0 +1,102 @@
+"""The engine's metric families (cmd ``METRICS`` and HTTP ``GET /metrics``).
+
+Rule 1: this file turns the runtime's numbers (``RuntimeStats``, the calls, the
+inference scheduler) into ``svc.metrics`` families; ``svc.metrics.render`` prints
+them, the same renderer as the dock's.
+Rule 2: it reads, never changes; everything here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engines.runtime.stats import LatencyWindow, RuntimeStats
+from engines.runtime.synth import SAMPLE_RATE, PlanInfo
+from svc.metrics import Family, counter, gauge, summary
+
+if TYPE_CHECKING:
+    from engines.runtime.calls import CallManager
+
+PREFIX = "ttsdock_engine_"
+CALLS_LISTED = 64  # calls with their own call_ahead_seconds sample
+
+#: RuntimeStats counters exported as ``ttsdock_engine_<name>_total``.
+METRIC_COUNTERS = (
+    "calls_started",
+    "calls_ended",
+    "texts_received",
+    "texts_dropped",
+    "utterances_started",
+    "utterances_completed",
+    "utterances_cancelled",
+    "utterances_failed",
+    "utterances_truncated",
+    "packets_sent",
+    "packets_suppressed",
+    "packets_unsent",
+    "bargeins",
+    "underruns",
+)
+
+#: More families from parts of the engine that are optional (the protocol servers).
+MetricSource = Callable[[], list[Family]]
+
+
+def latency_summary(name: str, w: LatencyWindow) -> Family:
+    """A latency window as a summary in seconds: recent quantiles, cumulative sum/count."""
+    quantiles = {q / 100: round(w.p(q) / 1000, 6) for q in (50, 90, 99)}
+    return summary(name, quantiles, round(w.total_ms / 1000, 6), w.count)
+
+
+def engine_families(
+    stats: RuntimeStats, calls: CallManager, plan: PlanInfo | None = None
+) -> list[Family]:
+    st, p = stats, PREFIX
+    fams = [counter(f"{p}{name}_total", getattr(st, name)) for name in METRIC_COUNTERS]
+    fams.append(counter(f"{p}underrun_seconds_total", round(st.underrun_ms / 1000, 6)))
+    fams.append(counter(f"{p}audio_seconds_sent_total", round(st.samples_sent / SAMPLE_RATE, 6)))
+    for name, window in (
+        ("ttfa_seconds", st.ttfa),
+        ("queue_wait_seconds", st.queue_wait),
+        ("sched_wait_seconds", st.sched_wait),
+        ("bargein_mute_seconds", st.bargein_mute),
+    ):
+        fams.append(latency_summary(p + name, window))
+    gauges: dict[str, float] = {
+        "calls_active": len(calls.calls),
+        "utterances_in_progress": calls.running,
+        "utterances_waiting": calls.waiting,
+    }
+    if calls.pool is not None:
+        queued, parked, busy, open_jobs = calls.pool.snapshot()
+        gauges |= {
+            "sched_open": open_jobs,
+            "synth_workers": calls.pool.workers,
+            "sched_queued": queued,
+            "sched_parked": parked,
+            "sched_busy": busy,
+        }
+    load = calls.load_snapshot()  # load.py: utilisation, capacity, demand, headroom
+    gauges |= {
+        "utilisation_ratio": round(load.utilisation, 6),
+        "capacity_audio_seconds_per_second": round(load.capacity, 6),
+        "demand_audio_seconds_per_second": round(load.demand, 6),
+        "call_demand_audio_seconds_per_second": round(load.call_demand, 6),
+    }
+    if load.headroom_calls is not None:
+        gauges["headroom_calls"] = round(load.headroom_calls, 6)
+    fams += [gauge(p + name, value) for name, value in gauges.items()]
+    if plan is not None:
+        fams.append(
+            Family(f"{p}plan_info", "gauge").add(1, {"plan": plan.name, "source": plan.source})
+        )
+        rtf = Family(f"{p}plan_rtf", "gauge")
+        for n, r in sorted(plan.rtf.items()):
+            rtf.add(round(r, 4), {"threads": n})
+        fams.append(rtf)
+    ahead = Family(f"{p}call_ahead_seconds", "gauge")
+    for w in list(calls.calls.values())[:CALLS_LISTED]:
+        ahead.add(round(w.ahead_s(), 3), {"call_id": w.call_id})
+    fams.append(ahead)
+    return fams
