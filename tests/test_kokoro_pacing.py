@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from engines.kokoro.pacing import (
     BUSY_WINDOW_S,
     HEADROOM,
+    JITTER_S,
     SAFETY,
     Pace,
     next_window_frames,
@@ -22,7 +23,8 @@ def test_window_is_ready_when_the_headroom_share_of_the_queue_has_played() -> No
     pace = Pace.from_rtf(0.5)
     frames = next_window_frames(2.0, pace, CTX)
     # (frames + 2 ctx) decoded at 0.5 s per audio s take HEADROOM of the 2 s queued
-    assert abs(pace.decode_s(frames + 2 * CTX) - HEADROOM * 2.0) <= pace.frame_s
+    # less the jitter reserve
+    assert abs(pace.decode_s(frames + 2 * CTX) - (HEADROOM * 2.0 - JITTER_S)) <= pace.frame_s
     shared = next_window_frames(2.0, Pace.from_rtf(0.5, shared=True), CTX)
     assert pace.decode_s(shared + 2 * CTX) <= BUSY_WINDOW_S + pace.frame_s
     assert next_window_frames(-1.0, pace, CTX) < 0  # an underrun: the caller clamps it

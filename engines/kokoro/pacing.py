@@ -6,7 +6,8 @@ queued ahead of playback (the runtime's playback clock); ``synth`` and the
 start planner below share ``next_window_frames``, so the plan simulates exactly
 the rule the engine then follows.
 Rule 2: a window is sized so that it is decoded by the time ``HEADROOM`` of the
-audio queued ahead has played; every window costs ``2 * context`` frames extra.
+audio queued ahead (less ``JITTER_S``) has played; every window costs
+``2 * context`` frames extra.
 
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
@@ -26,8 +27,12 @@ from dataclasses import dataclass
 
 from engines.kokoro.windows import FRAMES_PER_S
 
-#: Plan the next window to be ready when this share of the queued audio has played.
-HEADROOM = 0.7
+#: Plan the next window to be ready when this share of the queued audio, less
+#: ``JITTER_S``, has played. Not much lower: on a CPU near real time a lower share
+#: shrinks every window below the last, and the context frames then cost more than
+#: the windows win.
+HEADROOM = 0.85
+JITTER_S = 0.1  # scheduling and measurement noise kept in reserve (s)
 #: The start planner assumes decoding this much slower than measured.
 SAFETY = 1.2
 #: While other utterances are in progress, one window's decode is kept to about this
@@ -55,8 +60,9 @@ class Pace:
 
 def next_window_frames(ahead_s: float, pace: Pace, context: int) -> int:
     """Frames the next window may keep so that it is ready before ``HEADROOM`` of the
-    ``ahead_s`` queued audio has played (may be <= 0: the caller clamps it)."""
-    frames = ahead_s * HEADROOM / pace.frame_s - 2 * context
+    ``ahead_s`` queued audio, less ``JITTER_S``, has played (may be <= 0: the caller
+    clamps it)."""
+    frames = (ahead_s * HEADROOM - JITTER_S) / pace.frame_s - 2 * context
     if pace.shared:
         frames = min(frames, BUSY_WINDOW_S / pace.frame_s - 2 * context)
     return int(frames)
