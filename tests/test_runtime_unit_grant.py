@@ -75,3 +75,33 @@ def test_with_units_waiting_a_unit_keeps_to_one_core() -> None:
 def test_a_new_utterance_is_due_after_the_start_slack_or_when_its_call_runs_dry() -> None:
     assert start_deadline(10.0, 0.0, 0.3) == 10.0 + START_SLACK_S
     assert start_deadline(10.0, 12.0, 0.3) == 12.0 - 0.3
+
+
+class _TwoSessions:
+    """A backend stand-in with a 1-thread and a 2-thread session."""
+
+    def threads_for(self, cores: int) -> int:
+        return 2 if cores >= 2 else 1
+
+
+def test_kokoro_keeps_to_one_thread_while_the_wide_session_measures_slower() -> None:
+    from engines.kokoro.synth import WIDE_RETRY, KokoroConfig, KokoroSynthesizer
+    from engines.runtime.synth import set_unit_grant
+
+    synth = KokoroSynthesizer(KokoroConfig(), backend=_TwoSessions())  # type: ignore[arg-type]
+    grant = UnitGrant(cores=2, cpus=2, others=0)
+
+    def cores_after() -> int:
+        set_unit_grant(grant)
+        try:
+            synth._narrow_if_wide_is_slower()
+            return unit_grant().cores
+        finally:
+            set_unit_grant(None)
+
+    synth._speed.seed(1, 0.5)
+    synth._speed.seed(2, 0.3)  # wide is faster: it is used
+    assert [cores_after() for _ in range(WIDE_RETRY)] == [2] * WIDE_RETRY
+    synth._speed.seed(2, 0.6)  # a busy box: two threads are slower than one
+    got = [cores_after() for _ in range(2 * WIDE_RETRY)]
+    assert got.count(2) == 2 and got.count(1) == 2 * WIDE_RETRY - 2  # tried now and then

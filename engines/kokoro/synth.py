@@ -50,7 +50,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -124,6 +124,9 @@ FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence 
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
 DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
+#: a unit granted several cores runs wide only while that measures this much faster
+WIDE_MIN_GAIN = 0.95
+WIDE_RETRY = 8  # ... and tries it again every this many units
 PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
 #: decode compute of a sentence, with its windows' context frames and the prosody pass,
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
@@ -253,6 +256,7 @@ class KokoroSynthesizer:
         self._speed = _DecodeSpeed()
         self._boundary_ids: frozenset[int] = frozenset()
         self._plan: PlanChoice | None = None
+        self._wide_units = 0  # units granted more than one core (``WIDE_RETRY``)
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
             "utterances": 0.0,
@@ -594,13 +598,28 @@ class KokoroSynthesizer:
         pick = getattr(self._backend, "threads_for", None)
         return int(pick(grant.cores)) if callable(pick) else 1
 
+    def _narrow_if_wide_is_slower(self) -> None:
+        """Keep this unit to one thread while the wide session measures no faster (a box
+        whose other processes hold the cores); every ``WIDE_RETRY``-th unit tries it
+        again, so the choice follows the load."""
+        grant = unit_grant()
+        wide = self._threads_for(grant)
+        if wide <= 1:
+            return
+        with self._stats_lock:
+            self._wide_units += 1
+            retry = self._wide_units % WIDE_RETRY == 0
+        if not retry and self._speed.rtf(wide) >= WIDE_MIN_GAIN * self._speed.rtf(1):
+            set_unit_grant(replace(grant, cores=1))
+
     def _pace(self, grant: UnitGrant) -> Pace:
         """Decode speed this utterance can count on for its next windows: all cores while
         it is alone, else its share of them (others' units interleave with its own)."""
         fixed = self.config.assume_rtf
         if grant.others == 0:
             wide = self._threads_for(UnitGrant(grant.cpus))
-            return Pace.from_rtf(fixed if fixed is not None else self._speed.rtf(wide))
+            best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
+            return Pace.from_rtf(fixed if fixed is not None else best)
         rtf = fixed if fixed is not None else self._speed.rtf(1)
         rtf /= min(1.0, grant.share)
         return Pace.from_rtf(rtf, shared=True)
@@ -637,6 +656,7 @@ class KokoroSynthesizer:
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
+            self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
             prosody_s = time.perf_counter() - t_p
             self._count(units=1, prosody_ms=prosody_s * 1000)
@@ -655,6 +675,8 @@ class KokoroSynthesizer:
             budget: int | None = None
             while (w := planner.next(budget, first_at=first_at)) is not None:
                 cancel.raise_if_cancelled()
+                if w.index > 0:  # the first window runs in the unit of the prosody pass
+                    self._narrow_if_wide_is_slower()
                 threads = self._threads_for(unit_grant())
                 t_d = time.perf_counter()
                 audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
