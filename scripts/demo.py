@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import struct
@@ -119,9 +120,9 @@ async def ctl(port: int, command: str) -> str:
 
 
 def parse_stats(line: str) -> dict[str, int]:
-    """The integer fields of a cmd port's ``STATS`` line (``key=value`` ...)."""
+    """The integer fields of an engine cmd port's ``STATS`` line (``key=value:...``)."""
     out: dict[str, int] = {}
-    for item in line.split():
+    for item in re.split(r"[:\s]+", line):
         key, sep, value = item.partition("=")
         if sep and value.lstrip("-").isdigit():
             out[key] = int(value)
