@@ -196,7 +196,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
             threads=args.threads,
             prompt_cache_mb=0,
             split=not args.no_split,
-            edge_cap=not args.no_edge_cap,
+            edge_cap=args.edge_cap,
         )
     )
     synth.load()
@@ -263,8 +263,8 @@ async def dock_rows(
         engine_args += ["--plan", args.plan]
     if args.no_split:
         engine_args.append("--no-split")
-    if args.no_edge_cap:
-        engine_args.append("--no-edge-cap")
+    if args.edge_cap:
+        engine_args.append("--edge-cap")
     with contextlib.ExitStack() as stack:
         if args.slow_mode == "burn":
             print(stack.enter_context(slowed("burn", args.slow)), flush=True)
@@ -464,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
-    p.add_argument("--no-edge-cap", action="store_true", help="render the full edge silence")
+    p.add_argument(
+        "--edge-cap", action="store_true", help="whole-utterance mode: cap the final mark"
+    )
     p.add_argument(
         "--baseline-spinning",
         action="store_true",
@@ -492,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     model = assemble_default_model(mdir)
     print(
         f"model {model}  threads {args.threads}  repeats {args.repeats}  "
-        f"split {not args.no_split}  edge-cap {not args.no_edge_cap}  "
+        f"split {not args.no_split}  edge-cap {args.edge_cap}  "
         f"load average at start {os.getloadavg()[0]:.2f}"
     )
     if args.direct:

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import struct
@@ -71,6 +72,7 @@ class FakeOap:
     def __init__(self) -> None:
         self.calls: dict[int, CallAudio] = {}
         self.flushes = 0
+        self.packets = 0  # audio packets received, all calls
         self.data_connected = asyncio.Event()
 
     async def on_mgmt(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -104,6 +106,7 @@ class FakeOap:
                     call.chunks.append(pkt.payload[12:])
                     call.samples += (len(pkt.payload) - 12) // 4
                     call.arrivals.append((now, (len(pkt.payload) - 12) // 4))
+                    self.packets += 1
         writer.close()
 
 
@@ -114,6 +117,16 @@ async def ctl(port: int, command: str) -> str:
     reply = await reader.read(65536)
     writer.close()
     return reply.decode().strip()
+
+
+def parse_stats(line: str) -> dict[str, int]:
+    """The integer fields of an engine cmd port's ``STATS`` line (``key=value:...``)."""
+    out: dict[str, int] = {}
+    for item in re.split(r"[:\s]+", line):
+        key, sep, value = item.partition("=")
+        if sep and value.lstrip("-").isdigit():
+            out[key] = int(value)
+    return out
 
 
 async def wait_for(predicate: Callable[[], Awaitable[bool]], limit: float, what: str) -> None:
@@ -200,9 +213,16 @@ async def run(
         data_w.write(encode_frame(encode_packet(Packet(i, text.encode()))))
         await data_w.drain()
 
-        # The utterance is complete when its audio has stopped for a while.
-        async def finished(c: CallAudio = call) -> bool:
-            return c.last_at is not None and time.monotonic() - c.last_at > args.quiet
+        # The utterance is complete when the engine says it has ended (its STATS count
+        # it) and every audio packet it sent has arrived here through the dock. A gap
+        # in the audio is no such signal: on a slow CPU an underrun lasts longer than
+        # any gap we would wait for, and the sentence would be cut short.
+        async def finished(n: int = i) -> bool:
+            stats = parse_stats(await ctl(ports["engine_cmd"], "STATS"))
+            if stats.get("utterances_failed", 0) or stats.get("utterances_cancelled", 0):
+                raise RuntimeError(f"the engine did not complete sentence {n}: {stats}")
+            ended = stats.get("utterances_completed", 0) >= n
+            return ended and oap.packets == stats.get("packets_sent", -1)
 
         await wait_for(finished, args.timeout, f"audio for sentence {i}")
         mgmt_w.write(encode_frame(encode_mgmt(CallEnd(i))))
@@ -275,9 +295,6 @@ def main() -> int:
     p.add_argument("--models-dir", default=os.environ.get("WHISPERTALK_MODELS_DIR", "models"))
     p.add_argument("--voice", default=None)
     p.add_argument("--timeout", type=float, default=180.0)
-    p.add_argument(
-        "--quiet", type=float, default=2.0, help="seconds without audio that end an utterance"
-    )
     args = p.parse_args()
     ports = {name: free_port() for name in PORT_NAMES}
     try:

@@ -33,7 +33,7 @@ def test_demo_speaks_both_sentences_into_a_wav(models_dir: Path, tmp_path: Path)
     out = tmp_path / "out" / "demo.wav"
     p = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "demo.py"), "--out", str(out),
-         "--models-dir", str(models_dir), "--quiet", "1.5"],
+         "--models-dir", str(models_dir)],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
         # synthesis threads at the loop's priority: see NO_NICE in test_e2e_pipeline.py
         env=clean_env(TTSDOCK_SYNTH_NICE="0"),

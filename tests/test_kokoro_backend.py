@@ -12,7 +12,6 @@ from onnx import TensorProto, helper
 from engines.kokoro.backend import (
     DUR_CAP_INPUT,
     DURATIONS_TENSOR,
-    LEAD_PAD_FRAMES,
     MARK_FRAMES,
     NO_CAP,
     OPEN_TAIL_PAD_FRAMES,
@@ -23,15 +22,17 @@ from engines.kokoro.backend import (
 )
 
 
-def test_duration_cap_caps_only_the_edges() -> None:
+def test_duration_cap_caps_only_the_end() -> None:
     b = OnnxBackend(Path("unused.onnx"))
+    assert not b.edge_cap  # opt-in (--edge-cap)
     b.set_marks(frozenset({3, 4}))
+    # the leading pad is never capped: the first phoneme's onset lies in its last frames
     cap = b.duration_cap([50, 60, 3]).tolist()
-    assert cap == [LEAD_PAD_FRAMES, NO_CAP, NO_CAP, MARK_FRAMES, TAIL_PAD_FRAMES]
+    assert cap == [NO_CAP, NO_CAP, NO_CAP, MARK_FRAMES, TAIL_PAD_FRAMES]
     cap = b.duration_cap([50, 60]).tolist()  # ends in a phoneme: it and its decay are kept
-    assert cap == [LEAD_PAD_FRAMES, NO_CAP, NO_CAP, OPEN_TAIL_PAD_FRAMES]
+    assert cap == [NO_CAP, NO_CAP, NO_CAP, OPEN_TAIL_PAD_FRAMES]
     assert OPEN_TAIL_PAD_FRAMES > TAIL_PAD_FRAMES
-    assert b.duration_cap([]).tolist() == [LEAD_PAD_FRAMES, OPEN_TAIL_PAD_FRAMES]
+    assert b.duration_cap([]).tolist() == [NO_CAP, OPEN_TAIL_PAD_FRAMES]
 
 
 def durations_graph(path: Path, *, with_durations: bool = True) -> Path:

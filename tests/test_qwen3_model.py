@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import qwen3_helpers as qh
@@ -174,11 +176,21 @@ def test_iter_frames_streams_cancels_and_caps(split) -> None:
     assert len(frames) <= 5 and all(f.dtype == np.int64 and f.shape == (16,) for f in frames)
     np.testing.assert_array_equal(np.stack(frames), codes)
     assert timings["frames"] == len(frames) and timings["code_predictor"] > 0
-    calls = []
+    # The scheduler thread polls ``cancel`` once before each frame step; the stream
+    # polls it too, from this thread, whenever it waits for a frame, and how often it
+    # waits depends on the machine's speed. So only the scheduler's polls count, and
+    # only the scheduler sees the cancel: its third poll cancels, after exactly two
+    # frame steps, and the scheduler queues the cancellation behind both frames. (Were
+    # the stream's own poll to see it too, a stream that had just timed out waiting
+    # could see it before the second frame, queued meanwhile, and hand out one frame.)
+    consumer = threading.get_ident()
+    scheduler_polls = []
 
     def cancel() -> bool:
-        calls.append(1)
-        return len(calls) > 2
+        if threading.get_ident() == consumer:
+            return False
+        scheduler_polls.append(1)
+        return len(scheduler_polls) > 2
 
     it = eng.iter_frames(
         ModeSynthesizeRequest(text="Hello", speaker="ryan", max_frames=50), cancel=cancel

@@ -43,10 +43,13 @@ from engines.runtime.synth import (
 
 log = structlog.get_logger(__name__)
 
-# Edge caps (frames of 600 samples = 25 ms). The graph gives the leading pad about
-# 13 frames and a final mark plus the trailing pad about 8-16 frames, all silence
-# that the synthesiser trims away again; rendering it costs ~0.15-0.2 s per inference.
-LEAD_PAD_FRAMES = 6  # leading pad (150 ms): room for the first sound's onset
+# Edge caps (frames of 600 samples = 25 ms), opt-in (``--edge-cap``). The graph gives
+# a final mark plus the trailing pad about 8-16 frames, silence that the synthesiser
+# trims away again. The leading pad (about 13 frames) is never capped: the model
+# renders nothing in the first ~8 frames of its output, whatever is aligned there,
+# and it starts the first phoneme's sound 2-3 frames before the pad ends; a pad
+# capped at 6 frames put that onset into the silent start, and the recogniser heard
+# "Hello, how" as "Low how" and "Please hold" as "is hold" (README "Edge silence").
 MARK_FRAMES = 2  # a final punctuation mark (the pause after it is ours to choose)
 TAIL_PAD_FRAMES = 1  # trailing pad after a final mark
 #: Trailing pad after a phoneme: it carries that phoneme's release and decay.
@@ -189,7 +192,7 @@ class OnnxBackend:
         device: str = "auto",
         spinning: bool = False,
         max_parallel: int = 0,
-        edge_cap: bool = True,
+        edge_cap: bool = False,
         split: bool = True,
         stages: SplitGraphs | None = None,
     ) -> None:
@@ -337,9 +340,11 @@ class OnnxBackend:
         self.marks = frozenset(marks)
 
     def duration_cap(self, tokens: Sequence[int]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Per-position frame caps for ``[pad, *tokens, pad]``: only the edges are capped."""
+        """Per-position frame caps for ``[pad, *tokens, pad]``: only the end is capped.
+
+        The leading pad keeps the model's own length (the comment on ``MARK_FRAMES``).
+        """
         cap = np.full(len(tokens) + 2, NO_CAP, dtype=np.int64)
-        cap[0] = LEAD_PAD_FRAMES
         cap[-1] = OPEN_TAIL_PAD_FRAMES
         if tokens and tokens[-1] in self.marks:
             cap[-2] = MARK_FRAMES

@@ -156,7 +156,7 @@ class KokoroConfig:
     prompt_cache_mb: float = 64.0
     max_phrase_tokens: int = 400  # tokens per prosody pass (a sentence unit)
     prosody_carry: float = 0.5
-    edge_cap: bool = True
+    edge_cap: bool = False  # whole-utterance mode: cap the final mark's silence
     split: bool = True
     window_context: int = CONTEXT_FRAMES
     first_window: tuple[int, int] = FIRST_FRAMES
