@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from engines.kokoro.converted import Manifest, read_manifest
 from engines.kokoro.graph_split import (
     DUR_CAP_INPUT,
     SplitGraphs,
@@ -226,7 +227,10 @@ class OnnxBackend:
             raise ModelFileError(f"model file {self.model_path} does not exist")
         opts, providers = self._options()
         graphs: SplitGraphs | None = None
-        if self.want_split:
+        converted = read_manifest(self.model_path)  # raises when stale or corrupt
+        if converted is not None:
+            graphs = converted_sources(converted, self.model_path, self.want_split)
+        elif self.want_split:
             try:
                 graphs = split_sources(self.model_path)
             except Exception as exc:  # a corrupt or foreign graph: whole-utterance inference
@@ -242,6 +246,9 @@ class OnnxBackend:
                 )
                 inputs = {i.name: i for i in self.prosody_session.get_inputs()}
                 self.split = True
+            elif converted is not None:  # no duration tensor to cap in our own export
+                self.session = ort.InferenceSession(str(self.model_path), opts, providers=providers)
+                inputs = {i.name: i for i in self.session.get_inputs()}
             else:
                 patched = capped_model_source(self.model_path) if self.edge_cap else None
                 source = str(self.model_path) if patched is None else patched
@@ -377,6 +384,20 @@ class OnnxBackend:
         self.prosody_session = None
         self.decoder_session = None
         self.split = False
+
+
+def converted_sources(manifest: Manifest, model_path: Path, split: bool) -> SplitGraphs | None:
+    """A ``kokoro-convert`` directory: its own stage files (nothing is cut), all sha256-checked.
+
+    Split: the two stages listed for ``model_path``; else None after checking
+    the whole graph. Raises ``ModelFileError`` with the reason when stale or corrupt.
+    """
+    if split:
+        graphs = manifest.stages(model_path)
+        log.info("converted_stages", model=str(model_path), manifest=str(manifest.path))
+        return graphs
+    manifest.whole(model_path)
+    return None
 
 
 def _terminate(run_options: Any) -> None:
