@@ -89,6 +89,7 @@ EXPECTED_COMMANDS = {
     "serve",
     "ctl",
     "kokoro",
+    "kokoro-convert",
     "qwen3",
     "qwen3-convert",
     "qwen3-synth",

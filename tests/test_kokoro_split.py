@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,20 +9,23 @@ import numpy as np
 import onnx
 import pytest
 import structlog
-from kokoro_helpers import EN_SENTENCE, loaded_synth, rms, shared_models_dir, speak, spy
+from kokoro_helpers import (
+    EN_SENTENCE,
+    assert_seamless_windows,
+    loaded_synth,
+    rms,
+    shared_models_dir,
+    speak,
+    spy,
+)
 from onnx import TensorProto, helper
 
-from engines.kokoro.audio import Joiner
 from engines.kokoro.backend import OnnxBackend
 from engines.kokoro.graph_split import GraphSplitError, split_model, split_sources
 from engines.kokoro.models import KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import (
-    CROSSFADE_SAMPLES,
     FRAME_SAMPLES,
-    WindowPlanner,
-    boundary_frames,
-    window_piece,
 )
 from engines.runtime.synth import CallState, CancelToken
 
@@ -108,40 +110,7 @@ def test_window_joins_are_seamless(kokoro_synth: KokoroSynthesizer) -> None:
     backend = spy(kokoro_synth)
     tokens = tokens_of(kokoro_synth, SEAM_TEXT)
     style = kokoro_synth._voices["jf_alpha"][len(tokens) - 1]
-    cancel = CancelToken()
-    prosody = backend.prosody(tokens, style, 1.0, cancel)
-    planner = WindowPlanner(
-        prosody.n_frames,
-        prosody.frame_energy(),
-        boundary_frames(prosody.durations, tokens, kokoro_synth._boundary_ids),
-        lead_frames=int(prosody.durations[0]),
-    )
-    joiner = Joiner(CROSSFADE_SAMPLES, equal_gain=True)
-    pieces = []
-    out = []
-    budgets = iter([40, 60, 80, 120, 200, 200, 200])
-    budget: int | None = None
-    while (w := planner.next(budget)) is not None:
-        piece = window_piece(
-            backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel), w, CROSSFADE_SAMPLES
-        )
-        pieces.append((w, piece))
-        out.append(joiner.push(piece))
-        budget = next(budgets)
-    out.append(joiner.finish())
-    assert len(pieces) >= 3, "the test sentence must have at least two joins"
-    y = np.concatenate(out)
-    assert abs(len(y) - prosody.n_frames * FRAME_SAMPLES) <= 1
-    inside = np.concatenate([np.abs(np.diff(p)) for _, p in pieces])
-    p99 = float(np.percentile(inside, 99))
-    half = CROSSFADE_SAMPLES // 2
-    for (wa, pa), (_wb, pb) in itertools.pairwise(pieces):
-        cut = wa.end * FRAME_SAMPLES
-        assert abs(float(y[cut] - y[cut - 1])) <= p99
-        region = np.abs(np.diff(y[cut - half : cut + half]))
-        own_a = np.abs(np.diff(pa[len(pa) - 2 * half :]))
-        own_b = np.abs(np.diff(pb[: 2 * half]))
-        assert float(region.max()) <= max(float(own_a.max()), float(own_b.max())) * 1.05 + 1e-4
+    assert_seamless_windows(kokoro_synth, backend, tokens, style)
 
 
 def test_streamed_sentence_matches_whole_sentence_length_and_level(

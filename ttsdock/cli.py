@@ -2,7 +2,7 @@
 
 Subcommands are entry points in the group ``ttsdock.commands`` (see
 pyproject.toml): ``serve`` and ``ctl`` live in this package; ``kokoro``,
-``qwen3``, ``qwen3-convert`` and ``qwen3-synth`` live in ``engines`` and are
+``kokoro-convert``, ``qwen3``, ``qwen3-convert`` and ``qwen3-synth`` live in ``engines`` and are
 found by name at run time, so the dock never imports engine code (DESIGN.md).
 """
 
@@ -18,6 +18,7 @@ _SUMMARY = {
     "serve": "run the dock daemon (LLaMA 13140/13141, cmd 13142, engines 13143, OAP 13150/13151)",
     "ctl": "send one command to a cmd port (dock 13142, engines 13144) and print the reply",
     "kokoro": "run the Kokoro-82M engine and dock it",
+    "kokoro-convert": "convert a Kokoro checkpoint (.pth, config, voices) into the engine's files",
     "qwen3": "run the Qwen3-TTS engine and dock it",
     "qwen3-convert": "convert an official Qwen3-TTS checkpoint into GGUF files",
     "qwen3-synth": "synthesise with Qwen3-TTS offline, without the dock",

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from engines.kokoro.converted import Manifest, read_manifest
 from engines.kokoro.graph_split import (
     DUR_CAP_INPUT,
     SplitGraphs,
@@ -280,7 +281,10 @@ class OnnxBackend:
         if not self.model_path.is_file():
             raise ModelFileError(f"model file {self.model_path} does not exist")
         graphs: SplitGraphs | None = self._stages
-        if self.want_split and graphs is None:
+        converted = read_manifest(self.model_path)  # raises when stale or corrupt
+        if converted is not None:
+            graphs = converted_sources(converted, self.model_path, self.want_split)
+        elif self.want_split and graphs is None:
             try:
                 graphs = split_sources(self.model_path)
             except Exception as exc:  # a corrupt or foreign graph: whole-utterance inference
@@ -293,6 +297,8 @@ class OnnxBackend:
                 self._load_stage("prosody", graphs.prosody)
                 self._load_stage("decoder", graphs.decoder)
                 self.split = True
+            elif converted is not None:  # no duration tensor to cap in our own export
+                self._load_stage("whole", str(self.model_path))
             else:
                 patched = capped_model_source(self.model_path) if self.edge_cap else None
                 source = str(self.model_path) if patched is None else patched
@@ -432,6 +438,20 @@ class OnnxBackend:
     def close(self) -> None:
         self.sessions.clear()
         self.split = False
+
+
+def converted_sources(manifest: Manifest, model_path: Path, split: bool) -> SplitGraphs | None:
+    """A ``kokoro-convert`` directory: its own stage files (nothing is cut), all sha256-checked.
+
+    Split: the two stages listed for ``model_path``; else None after checking
+    the whole graph. Raises ``ModelFileError`` with the reason when stale or corrupt.
+    """
+    if split:
+        graphs = manifest.stages(model_path)
+        log.info("converted_stages", model=str(model_path), manifest=str(manifest.path))
+        return graphs
+    manifest.whole(model_path)
+    return None
 
 
 def _terminate(run_options: Any) -> None:

@@ -6,7 +6,7 @@ Rule 2: the CPU parts of the pipeline (bucket choice, padding and trimming,
 duration alignment, the harmonic (HAR) source) are plain numpy here, so
 they are unit-tested on Linux.
 
-Layout (``<models>/kokoro-<variant>/``, written by scripts/export_kokoro_models.py)::
+Layout (``<models>/kokoro-<variant>/``, written by ``ttsdock kokoro-convert --coreml``)::
 
     coreml/kokoro_duration.mlpackage|.mlmodelc      tokens -> durations, d, t_en
     decoder_variants/kokoro_f0n_{3s,5s,10s}.mlpackage  aligned d, style -> F0, N

@@ -60,6 +60,7 @@ import structlog
 from engines.kokoro import audio as audio_ops
 from engines.kokoro.backend import Backend, OnnxBackend, Prosody, SplitBackend
 from engines.kokoro.cache import AudioCache
+from engines.kokoro.converted import read_manifest
 from engines.kokoro.frontend import (
     FrontEnd,
     G2POption,
@@ -356,8 +357,10 @@ class KokoroSynthesizer:
         if not cfg.split or cfg.device == "cuda":
             return None
         try:
+            if read_manifest(model) is not None:
+                return None  # a converted checkpoint: its own stages, as exported
             stages = split_sources(model)
-        except Exception:  # a corrupt or foreign graph: the backend says why
+        except Exception:  # corrupt, stale or foreign: the backend refuses it and says why
             return None
         if stages is None:
             return None

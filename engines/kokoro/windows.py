@@ -118,9 +118,7 @@ class WindowPlanner:
         # a frame is a pause when its energy is nearer the sentence's silence than its
         # speech (the median frame)
         finite = self.energy[np.isfinite(self.energy)]
-        self.quiet = (
-            float((finite.min() + np.median(finite)) / 2) if len(finite) else -np.inf
-        )
+        self.quiet = float((finite.min() + np.median(finite)) / 2) if len(finite) else -np.inf
         self.lead = max(0, min(lead_frames, n_frames))
         self.first_frames = first_frames
         self.min_frames = min_frames
