@@ -16,7 +16,7 @@ generator's window-local instance-norm statistics from changing a word in the
 middle (measured: cuts at the quietest frame anywhere split "doctor" at its
 closure and the recogniser heard "dog do"; at word boundaries it did not).
 
-The first window is short (``first_frames``: about 0.3-0.55 s of speech after
+The first window is short (``first_frames``: about 0.6-0.9 s of speech after
 the leading pad) so the first audio leaves early; later windows follow the
 budget, never below ``min_frames`` (a window costs ``2 * context`` extra
 frames, so small ones waste compute) and never above ``max_frames`` (a long
@@ -136,21 +136,19 @@ class WindowPlanner:
     def remaining(self) -> int:
         return self.n - self.pos
 
-    def _cut(self, lo: int, hi: int) -> int:
+    def _cut(self, lo: int, hi: int, limits: tuple[int, int] | None = None) -> int:
         """The cut near ``[lo, hi]``: a pause (a word-boundary frame nearer silence than
-        speech) within ``search`` frames of it, else the quietest word-boundary frame
-        in it, else the quietest frame in it."""
+        speech) within ``search`` frames of it (and within ``limits``, the window's
+        smallest and largest allowed end), else the quietest word-boundary frame in
+        it, else the quietest frame in it."""
         lo = max(lo, self.pos + 1)
         hi = min(hi, self.n - 1)
         if hi < lo:
             return min(max(lo, self.pos + 1), self.n)
-        near = [
-            b
-            for b in self.boundaries
-            if lo - self.search <= b <= hi + self.search
-            and self.pos + 1 <= b < self.n - 1
-            and self.energy[b] <= self.quiet
-        ]
+        low, high = limits if limits is not None else (lo, hi)
+        low = max(low, lo - self.search, self.pos + 1)
+        high = min(high, hi + self.search, self.n - 1)
+        near = [b for b in self.boundaries if low <= b <= high and self.energy[b] < self.quiet]
         if near:  # a pause: the quietest one (ties: the earliest)
             return min(near, key=lambda b: (self.energy[b], b))
         cands = [b for b in self.boundaries if lo <= b <= hi]
@@ -194,7 +192,7 @@ class WindowPlanner:
                 lo, hi = first_at, first_at + (hi - lo)
             if self.n - lo < self.min_frames:  # short sentence: the first window is all of it
                 return self._emit(self.n)
-            return self._emit(self._cut(lo, hi))
+            return self._emit(self._cut(lo, hi, (lo, self.n - self.min_frames)))
         want = self.max_frames if budget is None else budget
         want = max(self.min_frames, min(want, self.max_frames))
         if self.remaining - want < self.min_frames:
@@ -204,7 +202,11 @@ class WindowPlanner:
         lo = self.pos + max(self.min_frames, want - self.search)
         hi = self.pos + min(self.max_frames, want + self.search)
         hi = min(hi, self.n - self.min_frames)
-        return self._emit(self._cut(lo, hi))
+        limits = (
+            self.pos + self.min_frames,
+            min(self.pos + self.max_frames, self.n - self.min_frames),
+        )
+        return self._emit(self._cut(lo, hi, limits))
 
 
 def window_piece(audio: npt.NDArray[np.float32], w: Window, fade: int) -> npt.NDArray[np.float32]:
