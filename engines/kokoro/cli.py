@@ -169,7 +169,7 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         default=f"{FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}",  # argparse applies the type
         metavar="LO-HI",
         help="the first window ends at a word boundary this many frames after the leading "
-        f"pad (default: {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}, about 0.6-0.9 s)",
+        f"pad (default: {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}, about 0.3-0.55 s)",
     )
     g.add_argument(
         "--min-window",

@@ -9,7 +9,7 @@ Rule 2: a window is sized so that it is decoded by the time ``HEADROOM`` of the
 audio queued ahead (less ``JITTER_S``) has played; every window costs
 ``2 * context`` frames extra.
 
-Why plan the start. On a fast CPU the first window can be short (about 0.6-0.9 s
+Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
 that greedy rule shrinks into small windows whose context overhead makes it

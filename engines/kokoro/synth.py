@@ -13,7 +13,7 @@ into sentence units only where it exceeds a unit's token budget
 frame-rate decoder and the harmonic source's phase) is computed whole, once
 (``backend.prosody``), so intonation and timing are those of the whole
 sentence; its audio is then decoded in windows of aligned frames
-(``windows``): a short first window (about 0.6-0.9 s of speech) so that the first
+(``windows``): a short first window (about 0.3-0.55 s of speech) so that the first
 audio leaves early, then windows sized by the audio queued ahead of playback
 divided by the measured decode speed. Windows are cut at the quietest word
 boundary in range, decoded with context frames on both sides and joined with

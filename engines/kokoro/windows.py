@@ -16,7 +16,7 @@ generator's window-local instance-norm statistics from changing a word in the
 middle (measured: cuts at the quietest frame anywhere split "doctor" at its
 closure and the recogniser heard "dog do"; at word boundaries it did not).
 
-The first window is short (``first_frames``: about 0.6-0.9 s of speech after
+The first window is short (``first_frames``: about 0.3-0.55 s of speech after
 the leading pad) so the first audio leaves early; later windows follow the
 budget, never below ``min_frames`` (a window costs ``2 * context`` extra
 frames, so small ones waste compute) and never above ``max_frames`` (a long
@@ -36,7 +36,7 @@ FRAME_SAMPLES = 600  # 25 ms at 24 kHz: one aligned frame of the decoder
 FRAMES_PER_S = 40
 CONTEXT_FRAMES = 10  # decoded on each side of a window and discarded
 CROSSFADE_SAMPLES = 480  # 20 ms equal-gain crossfade centred on each cut
-FIRST_FRAMES = (24, 36)  # first window: cut this many frames after the leading pad
+FIRST_FRAMES = (12, 22)  # first window: cut this many frames after the leading pad
 MIN_FRAMES = 48  # later windows: at least 1.2 s
 MAX_FRAMES = 200  # and at most 5 s
 SEARCH_FRAMES = 12  # a cut may move this far from the budget to reach a boundary
