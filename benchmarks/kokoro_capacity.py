@@ -74,7 +74,7 @@ from demo import (  # noqa: E402
     wait_for,
 )
 from kokoro_ttfa import parse_stats  # noqa: E402
-from slowdown import avx2_emulated, reexec_avx2, slowed  # noqa: E402
+from slowdown import add_machine_arguments, avx2_emulated, reexec_avx2, slowed  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
@@ -584,22 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"engine --synth-workers (engine default here: {SYNTH_WORKERS}, one per core)",
     )
     p.add_argument("--models-dir", type=Path, default=None)
-    p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
-    p.add_argument(
-        "--slow",
-        type=float,
-        nargs="?",
-        const=2.0,
-        default=1.0,
-        metavar="FACTOR",
-        help="emulate a CPU FACTOR times slower (default when given: 2)",
-    )
-    p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
-    p.add_argument(
-        "--avx2",
-        action="store_true",
-        help="emulate an AVX2-only CPU (re-runs with benchmarks/cpuid_avx2.c preloaded)",
-    )
+    add_machine_arguments(p)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--rss-every", type=float, default=10.0, help="sample the engine's RSS every S s"

@@ -64,7 +64,7 @@ from demo import (  # noqa: E402
     stop_processes,
     wait_for,
 )
-from slowdown import avx2_emulated, reexec_avx2, slowed  # noqa: E402
+from slowdown import add_machine_arguments, avx2_emulated, reexec_avx2, slowed  # noqa: E402
 
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
@@ -446,22 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--engine-threads", type=int, default=None, help="engine --threads (default: its own)"
     )
-    p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
-    p.add_argument(
-        "--slow",
-        type=float,
-        nargs="?",
-        const=2.0,
-        default=1.0,
-        metavar="FACTOR",
-        help="emulate a CPU FACTOR times slower (slowdown.py; default when given: 2)",
-    )
-    p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
-    p.add_argument(
-        "--avx2",
-        action="store_true",
-        help="emulate an AVX2-only CPU (re-runs with benchmarks/cpuid_avx2.c preloaded)",
-    )
+    add_machine_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
     p.add_argument(

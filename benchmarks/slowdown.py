@@ -23,6 +23,7 @@ instruction set, not that CPU's microarchitecture.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import multiprocessing as mp
 import os
@@ -112,3 +113,24 @@ def reexec_avx2() -> None:
 
 def avx2_emulated() -> bool:
     return bool(os.environ.get(AVX2_MARK))
+
+
+def add_machine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--plan``, ``--slow [FACTOR]``, ``--slow-mode`` and ``--avx2`` of the Kokoro
+    benchmarks."""
+    p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
+    p.add_argument(
+        "--slow",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=1.0,
+        metavar="FACTOR",
+        help="emulate a CPU FACTOR times slower (slowdown.py; default when given: 2)",
+    )
+    p.add_argument("--slow-mode", choices=("burn", "quota"), default="burn")
+    p.add_argument(
+        "--avx2",
+        action="store_true",
+        help="emulate an AVX2-only CPU (re-runs with benchmarks/cpuid_avx2.c preloaded)",
+    )
