@@ -105,3 +105,15 @@ def test_kokoro_keeps_to_one_thread_while_the_wide_session_measures_slower() -> 
     synth._speed.seed(2, 0.6)  # a busy box: two threads are slower than one
     got = [cores_after() for _ in range(2 * WIDE_RETRY)]
     assert got.count(2) == 2 and got.count(1) == 2 * WIDE_RETRY - 2  # tried now and then
+
+
+def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() -> None:
+    from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+
+    synth = KokoroSynthesizer(KokoroConfig(assume_rtf=0.5), backend=_TwoSessions())  # type: ignore[arg-type]
+    alone = synth._pace(UnitGrant(cores=2, cpus=2, others=0))
+    two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))  # a core each
+    three = synth._pace(UnitGrant(cores=1, cpus=2, others=2))
+    assert not alone.shared and not two.shared and three.shared
+    assert two.frame_s == alone.frame_s  # a core each: no slower
+    assert three.frame_s == alone.frame_s * 1.5  # two cores for three utterances

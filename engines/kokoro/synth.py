@@ -617,7 +617,8 @@ class KokoroSynthesizer:
 
     def _pace(self, grant: UnitGrant) -> Pace:
         """Decode speed this utterance can count on for its next windows: all cores while
-        it is alone, else its share of them (others' units interleave with its own)."""
+        it is alone, else its share of them (others' units interleave with its own);
+        ``shared`` (windows kept short) while utterances outnumber the cores."""
         fixed = self.config.assume_rtf
         if grant.others == 0:
             wide = self._threads_for(UnitGrant(grant.cpus))
@@ -625,7 +626,9 @@ class KokoroSynthesizer:
             return Pace.from_rtf(fixed if fixed is not None else best)
         rtf = fixed if fixed is not None else self._speed.rtf(1)
         rtf /= min(1.0, grant.share)
-        return Pace.from_rtf(rtf, shared=True)
+        # short windows only while utterances outnumber the cores (the scheduler must
+        # interleave them); with a core each, long windows waste fewer context frames
+        return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
     def _ahead_s(self, state: CallState, emitted_s: float, t_first: float | None) -> float:
         """Audio queued ahead of the listener: the runtime's playback clock when it has
@@ -732,7 +735,7 @@ class KokoroSynthesizer:
         ahead: float | None = self._ahead_s(state, emitted / SAMPLE_RATE, t_first)
         if emitted == 0 and ahead is not None and ahead <= 0:
             ahead = None  # the listener waits for this sentence: its start is not a gap
-        longest = None if grant.others == 0 else cfg.max_window
+        longest = None if grant.share >= 1.0 else cfg.max_window
         lead = int(prosody.durations[0])
         end, forecast = plan_first_end(
             prosody.n_frames,
