@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool
@@ -116,4 +117,4 @@ def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() 
     three = synth._pace(UnitGrant(cores=1, cpus=2, others=2))
     assert not alone.shared and not two.shared and three.shared
     assert two.frame_s == alone.frame_s  # a core each: no slower
-    assert three.frame_s == alone.frame_s * 1.5  # two cores for three utterances
+    assert three.frame_s == pytest.approx(alone.frame_s * 1.5)  # 2 cores, 3 utterances
