@@ -137,3 +137,17 @@ def test_the_plan_never_predicts_a_gap_and_slower_starts_no_earlier(
     )
     assert fc.gaps == 0  # the whole sentence in one window is always gap-free
     assert fast <= slow <= n or k < 1.05
+
+
+def test_when_the_start_must_be_late_the_sentence_then_plays_through() -> None:
+    # the previous sentence has 0.3 s left to play and decoding is slower than real time:
+    # the earliest plan that only starts late, not a whole-sentence first window
+    pace = Pace.from_rtf(1.5)
+    cands = list(range(20, 160, 2))
+    end, fc = plan_first_end(
+        160, cands, pace=pace, context=CTX, min_frames=48, max_frames=MAX, ahead_s=0.3
+    )
+    whole = simulate(160, 160, pace=Pace(pace.frame_s * SAFETY), context=CTX, min_frames=48,
+                     max_frames=MAX, ahead_s=0.3)  # fmt: skip
+    assert fc.gaps == 1 and fc.inside == 0 and end < 160
+    assert fc.gap_s < whole.gap_s

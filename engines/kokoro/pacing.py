@@ -77,6 +77,7 @@ class Forecast:
     gap_s: float  # their total length
     windows: int
     decoded_frames: int
+    inside: int = 0  # of ``gaps``, those after the sentence's first audio (a stutter)
 
 
 def simulate(
@@ -109,6 +110,7 @@ def simulate(
             gaps, gap_s, play_end = 1, t - play_end, t
     play_end += max(0, first_end - lead_skip) / FRAMES_PER_S
     pos, windows = first_end, 1
+    start_gaps = gaps
     while pos < n_frames:
         want = next_window_frames(play_end - t, pace, context)
         want = max(min_frames, min(want, max_frames))
@@ -130,6 +132,7 @@ def simulate(
         start_s=pace.decode_s(min(n_frames, first_end + context)),
         gaps=gaps,
         gap_s=gap_s,
+        inside=gaps - start_gaps,
         windows=windows,
         decoded_frames=decoded,
     )
@@ -150,7 +153,10 @@ def plan_first_end(
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
     else the whole sentence (or ``longest`` frames when the first window may not
-    exceed that), with the gaps predicted for it."""
+    exceed that). When audio is already queued and no plan is gap-free, the earliest
+    plan whose only gap is before the sentence's first audio (it starts late, then
+    plays through) comes before a longer first window. The gaps predicted for the
+    choice come with it."""
     safe = Pace(pace.frame_s * SAFETY, pace.shared)
 
     def run(end: int) -> Forecast:
@@ -166,10 +172,15 @@ def plan_first_end(
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)
+    later: tuple[int, Forecast] | None = None  # the earliest plan that only starts late
     for end in candidates:
         if end >= limit or n_frames - end < min_frames:  # else the rest is one window
             break
         fc = run(end)
         if fc.gaps == 0:
             return end, fc
+        if later is None and fc.inside == 0:
+            later = (end, fc)
+    if later is not None:
+        return later
     return limit, run(limit)
