@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from engines.kokoro.convert.stages import generator_body
 
 STYLE_HALF = 128
 DURATION_TOKENS = 512
@@ -158,19 +159,4 @@ class DecoderModel(nn.Module):
             x = adain_block(block, x, ref_s)
             if block.upsample_type != "none":
                 res = False
-        gen = dec.generator
-        for i in range(gen.num_upsamples):
-            x = F.leaky_relu(x, negative_slope=0.1)
-            x_source = gen.noise_res[i](gen.noise_convs[i](har), ref_s)
-            x = gen.ups[i](x)
-            if i == gen.num_upsamples - 1:
-                x = gen.reflection_pad(x)
-            x = x + x_source
-            xs = gen.resblocks[i * gen.num_kernels](x, ref_s)
-            for j in range(1, gen.num_kernels):
-                xs = xs + gen.resblocks[i * gen.num_kernels + j](x, ref_s)
-            x = xs / gen.num_kernels
-        x = gen.conv_post(F.leaky_relu(x))
-        half = gen.post_n_fft // 2 + 1
-        waveform: Tensor = gen.stft.inverse(torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :]))
-        return waveform.reshape(1, -1)
+        return generator_body(dec.generator, x, har, ref_s).reshape(1, -1)

@@ -157,22 +157,28 @@ class DecoderStage(nn.Module):
         s = style[:, :STYLE_HALF]
         har_spec, har_phase = gen.stft.transform(self.harmonic_source(f0, phase))
         har = torch.cat([har_spec, har_phase], dim=1)
-        x = features
-        for i in range(gen.num_upsamples):
-            x = F.leaky_relu(x, negative_slope=0.1)
-            x_source = gen.noise_res[i](gen.noise_convs[i](har), s)
-            x = gen.ups[i](x)
-            if i == gen.num_upsamples - 1:
-                x = gen.reflection_pad(x)
-            x = x + x_source
-            xs = gen.resblocks[i * gen.num_kernels](x, s)
-            for j in range(1, gen.num_kernels):
-                xs = xs + gen.resblocks[i * gen.num_kernels + j](x, s)
-            x = xs / gen.num_kernels
-        x = gen.conv_post(F.leaky_relu(x))
-        half = gen.post_n_fft // 2 + 1
-        audio: Tensor = gen.stft.inverse(torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :]))
-        return audio
+        return generator_body(gen, features, har, s)
+
+
+def generator_body(gen: Any, x: Tensor, har: Tensor, style: Tensor) -> Tensor:
+    """The official iSTFTNet generator after its harmonic source: upsampling with the
+    source's noise residuals, resblocks, post conv and inverse STFT -> audio. One body
+    for the ONNX decoder stage and the CoreML decoder."""
+    for i in range(gen.num_upsamples):
+        x = F.leaky_relu(x, negative_slope=0.1)
+        x_source = gen.noise_res[i](gen.noise_convs[i](har), style)
+        x = gen.ups[i](x)
+        if i == gen.num_upsamples - 1:
+            x = gen.reflection_pad(x)
+        x = x + x_source
+        xs = gen.resblocks[i * gen.num_kernels](x, style)
+        for j in range(1, gen.num_kernels):
+            xs = xs + gen.resblocks[i * gen.num_kernels + j](x, style)
+        x = xs / gen.num_kernels
+    x = gen.conv_post(F.leaky_relu(x))
+    half = gen.post_n_fft // 2 + 1
+    audio: Tensor = gen.stft.inverse(torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :]))
+    return audio
 
 
 class WholeGraph(nn.Module):
