@@ -185,3 +185,32 @@ def test_the_engine_calibrates_once_then_starts_from_the_cache(kokoro_models_dir
         assert f":PLAN:{plan.name}" in second.status_suffix()
     finally:
         second.close()
+
+
+class SharedCoreRuntime(FakeRuntime):
+    """Every decode holds one lock, like cores that share their execution units (SMT):
+    two at once take twice as long each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.core = threading.Lock()
+
+    def decode(self, session: Any, threads: int) -> np.ndarray:
+        with self.core:
+            return super().decode(session, 1)
+
+
+def test_the_winner_is_measured_with_every_core_busy_and_that_is_cached(model) -> None:
+    rt = SharedCoreRuntime()
+    choice = run(model, rt)
+    assert choice.variant == "fast" and choice.crowded is not None
+    # of two decodes started at once one waits for the other: 1.5x the lone figure
+    assert choice.crowded > 1.3 * choice.rtf[1]
+    again = run(model, FakeRuntime())
+    assert again.source == "cached" and again.crowded == pytest.approx(choice.crowded)
+    # independent cores: about the lone figure
+    (model[0].with_name("model.onnx.plans") / "plans.json").unlink()
+    free = run(model, FakeRuntime())
+    assert free.crowded is not None and free.crowded < 0.85 * choice.crowded

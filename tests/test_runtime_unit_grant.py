@@ -13,7 +13,7 @@ import pytest
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool
 from engines.runtime.schedule import START_SLACK_S, start_deadline
-from engines.runtime.synth import CancelToken, FloatArray, UnitGrant, unit_grant
+from engines.runtime.synth import CancelToken, FloatArray, UnitGrant, available_cpus, unit_grant
 
 
 def _job(gen: Iterator[FloatArray], done: threading.Event, pool: SynthesisPool) -> Job:
@@ -118,3 +118,35 @@ def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() 
     assert not alone.shared and not two.shared and three.shared
     assert two.frame_s == alone.frame_s  # a core each: no slower
     assert three.frame_s == pytest.approx(alone.frame_s * 1.5)  # 2 cores, 3 utterances
+
+
+def test_kokoro_paces_shared_cores_at_the_crowded_speed_and_counts_capacity_by_it() -> None:
+    """Two utterances in progress each decode while the other's units run: on cores that
+    share execution units (SMT) each is then slower than alone, and the pace and the
+    capacity estimate follow the crowded figure (calibrated, then measured)."""
+    from engines.kokoro.synth import WINDOW_OVERHEAD, KokoroConfig, KokoroSynthesizer
+    from engines.kokoro.windows import FRAMES_PER_S
+
+    synth = KokoroSynthesizer(KokoroConfig(), backend=_TwoSessions())  # type: ignore[arg-type]
+    synth._speed.seed(1, 0.5)
+    synth._speed.seed(2, 0.5)
+    alone = synth._pace(UnitGrant(cores=2, cpus=2, others=0))
+    two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))
+    assert two.frame_s == pytest.approx(alone.frame_s)  # not measured: the lone speed stands in
+    synth._speed.seed(1, 0.9, crowded=True)  # calibration: both cores busy, 0.9 each
+    two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))
+    assert two.frame_s * FRAMES_PER_S == pytest.approx(0.9)
+    assert synth._pace(UnitGrant(cores=2, cpus=2, others=0)) == alone  # alone: unchanged
+    # windows decoded while another utterance was in progress update the crowded figure
+    for _ in range(50):
+        synth._speed.update(1, 1.0, 1.2, crowded=True)
+    assert synth._speed.rtf(1, crowded=True) == pytest.approx(1.2, abs=0.01)
+    assert synth._speed.rtf(1) == pytest.approx(0.5)
+    # never below the lone speed: a crowded figure measured on an idle box is not trusted
+    synth._speed.seed(1, 0.3, crowded=True)
+    assert synth._speed.rtf(1, crowded=True) == pytest.approx(0.5)
+    # capacity: every core busy, each at the crowded speed
+    synth._speed.seed(1, 1.0, crowded=True)
+    cpus = available_cpus()
+    per_core = 1.0 if cpus > 1 else 0.5  # one core is never crowded
+    assert synth.plan().capacity == pytest.approx(cpus / (per_core * WINDOW_OVERHEAD))

@@ -12,7 +12,12 @@ WARN giving the reason, and the shipped graph is always there to fall back on.
 Calibration (``choose``) runs in ``KokoroSynthesizer.load``, so before docking and
 off the event loop. It decodes one probe window (``PROBE_FRAMES`` plus context) with
 each candidate at one thread, keeps the one with the most audio per core-second,
-and measures that one at every core too. The result is cached beside the model in
+and measures that one at every core too, and once more with every core decoding the
+probe at the same time, one thread each (``crowded``): on a CPU whose cores share
+their execution units (SMT siblings, as on many 2-vCPU cloud instances) each of
+those runs is far slower than one alone, so neither more threads nor more
+workers add throughput; the capacity estimate and the window pacing under
+several calls use this figure, not the lone core's. The result is cached beside the model in
 ``<model>.plans/plans.json`` with the variant graphs it built, keyed by the model's
 sha256, the CPU (model name and flags), the onnxruntime version and
 ``PLANS_VERSION``; a cache that does not match, cannot be parsed or whose graph
@@ -26,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +48,7 @@ from engines.kokoro.windows import FRAMES_PER_S
 
 log = structlog.get_logger(__name__)
 
-PLANS_VERSION = 1
+PLANS_VERSION = 2  # 2: the crowded measurement
 SHIPPED = "int8"
 AUTO = "auto"
 PROBE_FRAMES = 80  # kept frames of the probe window (2 s), decoded with context: a typical window
@@ -67,6 +73,9 @@ class Measured:
     rtf: dict[int, float] = field(default_factory=dict)
     distance: float = 0.0
     error: str = ""
+    #: compute s per decoded audio s of one single-thread decode while every core runs
+    #: one (None: not measured, or one core)
+    crowded: float | None = None
 
     def per_core(self) -> float:
         """Audio seconds per core-second at its best thread count (0: unusable)."""
@@ -84,6 +93,7 @@ class PlanChoice:
     source: str  # measured | cached | forced | default
     rtf: dict[int, float] = field(default_factory=dict)
     candidates: list[Measured] = field(default_factory=list)
+    crowded: float | None = None  # ``Measured.crowded`` of the chosen variant
 
 
 def cpu_fingerprint() -> str:
@@ -195,6 +205,7 @@ class PlanCache:
             "choice": choice.variant,
             "graphs": graphs,
             "rtf": {str(k): v for k, v in choice.rtf.items()},
+            "crowded": choice.crowded,
             "candidates": [asdict(m) for m in choice.candidates],
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -218,6 +229,36 @@ def _time_decode(load: Callable[[str | bytes, int], Any], decode: Decode, source
         decode(session, threads)
         best = min(best, time.perf_counter() - t0)
     return (best / (len(audio) / 24000) if len(audio) else float("inf")), audio
+
+
+def _time_crowded(load: Callable[[str | bytes, int], Any], decode: Decode, source: str | bytes,
+                  cores: int) -> float:  # fmt: skip
+    """Compute s per decoded audio s of one single-thread probe decode while ``cores``
+    of them run at once (the mean over the runs of the fastest round)."""
+    sessions = [load(source, 1) for _ in range(cores)]
+    audio_s = len(decode(sessions[0], 1)) / 24000  # warm run
+    if audio_s <= 0:
+        return float("inf")
+    for session in sessions[1:]:
+        decode(session, 1)
+    barrier = threading.Barrier(cores)
+    took = [0.0] * cores
+
+    def run(i: int) -> None:
+        barrier.wait()
+        t0 = time.perf_counter()
+        decode(sessions[i], 1)
+        took[i] = time.perf_counter() - t0
+
+    best = float("inf")
+    for _ in range(PROBE_RUNS):
+        workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(cores)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, sum(took) / cores)
+    return best / audio_s
 
 
 def calibrate(
@@ -258,6 +299,12 @@ def calibrate(
             best.rtf[n], _ = _time_decode(load, decode, graphs(best.variant), n)
         except Exception as exc:  # measured at one thread count only: still usable
             log.warning("plan_threads_unmeasured", plan=best.variant, threads=n, reason=repr(exc))
+    cores = max(thread_counts)
+    if cores > 1:
+        try:
+            best.crowded = _time_crowded(load, decode, graphs(best.variant), cores)
+        except Exception as exc:  # the lone core's figure stands in
+            log.warning("plan_crowded_unmeasured", plan=best.variant, reason=repr(exc))
     return out
 
 
@@ -303,18 +350,23 @@ def choose(
     if data is not None:
         name = str(data["choice"])
         rtf = {int(k): float(v) for k, v in data.get("rtf", {}).items()}
-        return PlanChoice(name, graph_of(name), "cached", rtf)
+        crowded = data.get("crowded")
+        crowded = float(crowded) if isinstance(crowded, int | float) and crowded > 0 else None
+        return PlanChoice(name, graph_of(name), "cached", rtf, crowded=crowded)
     log.info("plan_calibrating", candidates=list(candidates), threads=list(thread_counts))
     t0 = time.monotonic()
     measured = calibrate(candidates, graph_of, load, decode, thread_counts)
     usable = [m for m in measured if not m.error]
     best = max(usable, key=lambda m: m.per_core())
-    choice = PlanChoice(best.variant, graph_of(best.variant), "measured", best.rtf, measured)
+    choice = PlanChoice(
+        best.variant, graph_of(best.variant), "measured", best.rtf, measured, best.crowded
+    )
     cache.write(want, choice)
     log.info(
         "plan_chosen",
         plan=best.variant,
         calibration_s=round(time.monotonic() - t0, 1),
+        crowded_rtf=None if best.crowded is None else round(best.crowded, 3),
         candidates={
             m.variant: m.error or {"rtf": m.rtf, "distance": round(m.distance, 3)} for m in measured
         },

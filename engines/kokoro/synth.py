@@ -206,33 +206,49 @@ class KokoroConfig:
 
 class _DecodeSpeed:
     """Running estimates of decode compute seconds per decoded audio second, one per
-    intra-op thread count (a window decoded with more threads is faster)."""
+    intra-op thread count (a window decoded with more threads is faster) and per
+    crowding: a unit that runs while other utterances are in progress shares the
+    machine with their units, and on cores that share execution units (SMT) each is
+    then far slower than alone (``plans``' crowded measurement)."""
 
     def __init__(self, prior: float = DECODE_RTF_PRIOR) -> None:
         self.prior = prior
-        self._by_threads: dict[int, StepEstimate] = {}
+        self._by_key: dict[tuple[int, bool], StepEstimate] = {}
         self._lock = threading.Lock()
 
-    def seed(self, threads: int, rtf: float) -> None:
+    def seed(self, threads: int, rtf: float, *, crowded: bool = False) -> None:
         """Start the estimate of ``threads`` at a measured ``rtf`` (calibration)."""
         with self._lock:
-            est = self._by_threads.setdefault(threads, StepEstimate())
+            est = self._by_key.setdefault((threads, crowded), StepEstimate())
             est.n, est.value = 0, 0.0
             est.add(rtf)
 
-    def update(self, threads: int, decoded_s: float, compute_s: float) -> None:
+    def update(
+        self, threads: int, decoded_s: float, compute_s: float, *, crowded: bool = False
+    ) -> None:
         if decoded_s <= 0:
             return
         with self._lock:
-            self._by_threads.setdefault(threads, StepEstimate()).add(compute_s / decoded_s)
+            est = self._by_key.setdefault((threads, crowded), StepEstimate())
+            est.add(compute_s / decoded_s)
 
-    def rtf(self, threads: int = 1) -> float:
-        """The estimate for ``threads`` (else the nearest measured count, scaled by it)."""
+    def rtf(self, threads: int = 1, *, crowded: bool = False) -> float:
+        """The estimate for ``threads`` (else the nearest measured count, scaled by it);
+        crowded: never below the lone estimate, which stands in until measured."""
+        lone = self._rtf(threads, False)
+        if not crowded:
+            return lone
         with self._lock:
-            est = self._by_threads.get(threads)
+            est = self._by_key.get((threads, True))
+            value = est.value if est is not None and est.n else 0.0
+        return max(value, lone)
+
+    def _rtf(self, threads: int, crowded: bool) -> float:
+        with self._lock:
+            est = self._by_key.get((threads, crowded))
             if est is not None and est.n:
                 return est.value
-            known = [(n, e.value) for n, e in self._by_threads.items() if e.n]
+            known = [(n, e.value) for (n, c), e in self._by_key.items() if e.n and c == crowded]
         if not known:
             return self.prior
         n, value = min(known, key=lambda kv: abs(kv[0] - threads))
@@ -327,6 +343,8 @@ class KokoroSynthesizer:
         if self._plan is not None:
             for n, rtf in self._plan.rtf.items():
                 self._speed.seed(n, rtf)
+            if self._plan.crowded is not None:
+                self._speed.seed(1, self._plan.crowded, crowded=True)
         marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
         set_marks = getattr(self._backend, "set_marks", None)
         if callable(set_marks):
@@ -395,8 +413,10 @@ class KokoroSynthesizer:
         cpus = available_cpus()
         wide = self._threads_for(UnitGrant(cpus))
         rtf = {n: self._speed.rtf(n) for n in sorted({1, wide})}
-        # a sentence costs its windows' context and the prosody pass on top of the decode
-        capacity = cpus / (rtf[1] * WINDOW_OVERHEAD) if rtf[1] > 0 else 0.0
+        # every core busy, each at the crowded speed; a sentence costs its windows'
+        # context and the prosody pass on top of the decode
+        crowded = self._speed.rtf(1, crowded=cpus > 1)
+        capacity = cpus / (crowded * WINDOW_OVERHEAD) if crowded > 0 else 0.0
         if self._plan is None:
             name, source = ("int8", "default") if self.split else ("whole", "default")
         else:
@@ -435,6 +455,7 @@ class KokoroSynthesizer:
         out["prompt_cache_entries"] = float(len(self._cache))
         out["prompt_cache_mb"] = self._cache.nbytes / (1024 * 1024)
         out["decode_rtf_estimate"] = self._speed.rtf(1)
+        out["decode_rtf_estimate_crowded"] = self._speed.rtf(1, crowded=True)
         wide = self._threads_for(UnitGrant(available_cpus()))
         if wide > 1:
             out[f"decode_rtf_estimate_{wide}t"] = self._speed.rtf(wide)
@@ -624,7 +645,7 @@ class KokoroSynthesizer:
             wide = self._threads_for(UnitGrant(grant.cpus))
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
             return Pace.from_rtf(fixed if fixed is not None else best)
-        rtf = fixed if fixed is not None else self._speed.rtf(1)
+        rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=True)
         rtf /= min(1.0, grant.share)
         # short windows only while utterances outnumber the cores (the scheduler must
         # interleave them); with a core each, long windows waste fewer context frames
@@ -683,11 +704,15 @@ class KokoroSynthesizer:
                 cancel.raise_if_cancelled()
                 if w.index > 0:  # the first window runs in the unit of the prosody pass
                     self._narrow_if_wide_is_slower()
-                threads = self._threads_for(unit_grant())
+                grant = unit_grant()
+                threads = self._threads_for(grant)
+                crowded = grant.others > 0
                 t_d = time.perf_counter()
                 audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
                 compute = time.perf_counter() - t_d
-                self._speed.update(threads, w.decoded_frames / FRAMES_PER_S, compute)
+                self._speed.update(
+                    threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
+                )
                 piece = window_piece(audio, w, CROSSFADE_SAMPLES)
                 piece = self._unit_edges(piece, unit, units, head=w.index == 0, tail=w.last)
                 out = joiner.push(piece)

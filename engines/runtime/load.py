@@ -9,7 +9,9 @@ Rule 2: one definition of each figure, in the list below; the README's
 - utilisation: core-seconds of inference in the window / (cores x window).
 - capacity: audio seconds the engine can make per wall second on all cores: cores x
   the audio made per core-second, measured over the window once it holds
-  ``MIN_CORE_S`` of work, else the synthesiser's own estimate (``ExecutionPlan``).
+  ``MIN_CORE_S`` of work, else the synthesiser's own estimate (``ExecutionPlan``);
+  never above that estimate: units measured while a core ran alone say nothing of
+  cores that share execution units (SMT), which the estimate has measured.
 - demand: audio seconds made per wall second over the window.
 - per-call demand: demand / calls that got audio in the window (at least
   ``MIN_CALL_DEMAND``); ``CALL_DEMAND_PRIOR`` before any (a conversation: the
@@ -85,10 +87,12 @@ class LoadMeter:
         core_s = max(0.0, self._core_s)
         audio_s = max(0.0, self._audio_s)
         calls = len({u[3] for u in self._units if u[2] > 0})
+        known = estimate if estimate is not None and estimate > 0 else 0.0
         if core_s >= MIN_CORE_S and audio_s > 0:
             capacity = self.cpus * audio_s / core_s
+            capacity = min(capacity, known) if known else capacity
         else:
-            capacity = estimate if estimate is not None and estimate > 0 else 0.0
+            capacity = known
         demand = audio_s / span
         call_demand = max(demand / calls, MIN_CALL_DEMAND) if calls else CALL_DEMAND_PRIOR
         headroom: float | None = None
