@@ -88,7 +88,7 @@ class _Playout:
 
 
 def _request(i: int, k: int, frames: int) -> Any:
-    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+    from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
 
     return ModeSynthesizeRequest(
         text=SENTENCES[(i + k) % len(SENTENCES)],
@@ -194,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-    from engines.qwen3.paths import ModeModelPaths
-    from engines.qwen3.request import QtsMode
+    from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
+    from engines.qwen3.serving.request import QtsMode
+    from engines.qwen3.weights.paths import ModeModelPaths
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -21,9 +21,9 @@ import qwen3_helpers as qh
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.qwen3.batch_file import MAX_LINE_BYTES, BatchLine, BatchLineError, parse_batch
-from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.cli.batch_file import MAX_LINE_BYTES, BatchLine, BatchLineError, parse_batch
+from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
+from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
 from engines.runtime.synth import SynthesisCancelled
 
 # -- batch files ---------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synth_cli_batch_writes_codes_equal_to_single_runs(
     tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     lines = [
         {"name": "one", "text": "Hello world.", "speaker": "ryan", "max_frames": 8},
@@ -213,7 +213,7 @@ def test_synth_cli_batch_writes_codes_equal_to_single_runs(
 
 
 def test_synth_cli_batch_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     jsonl = tmp_path / "r.jsonl"
     jsonl.write_text('{"name": "a", "text": "x"}\n')
@@ -228,10 +228,11 @@ def test_synth_cli_batch_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from engines.qwen3.paths import VOCODER_FILE
-    from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
-    from engines.qwen3.vocoder import SAMPLES_PER_FRAME
-    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+    from qwen3_vocoder_fixture import export_tiny_vocoder
+
+    from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
+    from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
+    from engines.qwen3.weights.paths import VOCODER_FILE
     from engines.runtime.synth import CallState, CancelToken
 
     export_tiny_vocoder(tiny_dir / VOCODER_FILE)
@@ -276,7 +277,7 @@ def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Pa
 
 
 def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.qwen3 import cli
+    from engines.qwen3.cli import dock as cli
 
     monkeypatch.delenv("TTSDOCK_MAX_CONCURRENT", raising=False)
     args = cli.build_parser().parse_args(["--model-dir", "m", "--max-batch", "8"])
@@ -289,9 +290,10 @@ def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPat
 
 def test_vocoder_batcher_decodes_concurrent_windows_in_one_run(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from engines.qwen3.vocoder import Vocoder
-    from engines.qwen3.vocoder_batch import VocoderBatcher
-    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+    from qwen3_vocoder_fixture import export_tiny_vocoder
+
+    from engines.qwen3.serving.vocoder import Vocoder
+    from engines.qwen3.serving.vocoder_batch import VocoderBatcher
 
     voc = Vocoder(export_tiny_vocoder(tmp_path / "v.onnx"))
     rng = np.random.default_rng(0)

@@ -19,11 +19,12 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths, split_file_names
-from engines.qwen3.request import PresetSpeaker
-from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME
-from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+from qwen3_vocoder_fixture import export_tiny_vocoder
+
+from engines.qwen3.serving.request import PresetSpeaker
+from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
+from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths, split_file_names
 from engines.runtime.synth import (
     CallState,
     CancelToken,
@@ -302,7 +303,7 @@ def test_options_validation(cv_dir: Path) -> None:
 
 
 def test_cli_parser_rejects(capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     assert synth_cli.main(["--mode", "base"]) == 2  # --text missing
     assert "--text" in capsys.readouterr().err
@@ -311,7 +312,7 @@ def test_cli_parser_rejects(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_synth_cli_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     rc = synth_cli.main(["--model-dir", str(tmp_path), "--mode", "base", "--text", "hi"])
     err = capsys.readouterr().err
@@ -320,7 +321,7 @@ def test_synth_cli_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_write_wav(tmp_path: Path) -> None:
-    from engines.qwen3.synth_cli import write_wav
+    from engines.qwen3.cli.synth import write_wav
 
     write_wav(tmp_path / "a.wav", np.array([0.0, 0.5, -1.5], np.float32))
     with wave.open(str(tmp_path / "a.wav")) as w:
@@ -442,7 +443,7 @@ def test_real_engine_mode_mismatch(tiny_dir: Path) -> None:
 
 
 def test_synth_cli_writes_codes_and_wav(tiny_dir: Path, tmp_path: Path, capsys: Any) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     base = ["--model-dir", str(tiny_dir), "--mode", "customvoice", "--speaker", "eric"]
     args = [*base, "--text", "Hello world.", "--greedy", "--max-frames", "8"]
@@ -474,7 +475,7 @@ def test_synth_cli_writes_codes_and_wav(tiny_dir: Path, tmp_path: Path, capsys: 
 def test_synth_cli_bad_inputs(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
 ) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     argv = ["--model-dir", str(tiny_dir), "--text", "Hello.", "--max-frames", "4", *extra]
     assert synth_cli.main(argv) == 2
@@ -514,7 +515,7 @@ def test_dock_cli_refuses_to_run_without_model(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    code = "from engines.qwen3.cli import main; raise SystemExit(main())"
+    code = "from engines.qwen3.cli.dock import main; raise SystemExit(main())"
     port = "1"  # never reached: loading fails first
     p = subprocess.run(
         [
@@ -580,7 +581,7 @@ def test_real_engine_icl_voice_clone(tiny_base_dir: Path, tmp_path: Path) -> Non
     whole = s.vocoder.decode(np.concatenate([ref, codes]))
     np.testing.assert_allclose(audio, whole[ref.shape[0] * SAMPLES_PER_FRAME :], atol=1e-5)
 
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     wav = tmp_path / "clone.wav"
     argv = ["--model-dir", str(tiny_base_dir), "--mode", "base", "--text", "Hello world."]

@@ -17,11 +17,11 @@ import pytest
 import qwen3_helpers as qh
 import torch
 
-from engines.qwen3.cuda_graphs import GraphSteps, bucket_sizes
-from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
-from engines.qwen3.sampling import draw_rows, gumbel
-from engines.qwen3.scheduler import BatchScheduler
+from engines.qwen3.model.cuda_graphs import GraphSteps, bucket_sizes
+from engines.qwen3.model.sampling import draw_rows, gumbel
+from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
+from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.serving.scheduler import BatchScheduler
 
 
 @pytest.fixture(scope="module")

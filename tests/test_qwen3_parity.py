@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3.engine import Qwen3TtsEngine
-from engines.qwen3.request import (
+from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
+from engines.qwen3.serving.request import (
     ModeSynthesizeRequest,
     PresetSpeaker,
     QtsMode,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.qwen3.paths import (
+from engines.qwen3.weights.paths import (
     MODES,
     QUANTS,
     VOCODER_FILE,
@@ -44,8 +44,8 @@ class _Mode(enum.Enum):
 
 def test_no_torch_import() -> None:
     # paths.py is imported by the converter and CLIs; it must stay light.
-    assert "engines.qwen3.paths" in sys.modules
-    import engines.qwen3.paths as mod
+    assert "engines.qwen3.weights.paths" in sys.modules
+    import engines.qwen3.weights.paths as mod
 
     src = Path(mod.__file__).read_text()
     assert "import torch" not in src and "import numpy" not in src

@@ -7,7 +7,7 @@ import pytest
 import qwen3_helpers as qh
 
 from engines.qwen3.errors import RequestError
-from engines.qwen3.request import (
+from engines.qwen3.serving.request import (
     PRESET_SPEAKERS_ALL,
     ModeSynthesizeRequest,
     PresetSpeaker,
@@ -115,9 +115,9 @@ def test_engine_level_checks(cv, tmp_path_factory: pytest.TempPathFactory) -> No
 
 
 def test_mode_mismatch_with_metadata_identity(cv) -> None:
-    from engines.qwen3.engine import Qwen3TtsEngine
     from engines.qwen3.errors import Qwen3TtsError
-    from engines.qwen3.paths import ModeModelPaths
+    from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
+    from engines.qwen3.weights.paths import ModeModelPaths
 
     src = cv.source.split(" + ")
     paths = ModeModelPaths(src[0], src[1], src[0].replace("talker-f32", "x"), "v.onnx")

@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
-from engines.qwen3.vocoder_fixture import VocoderFixtureSpec, export_tiny_vocoder
+from qwen3_vocoder_fixture import VocoderFixtureSpec, export_tiny_vocoder
+
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_qwen3_engine import ScriptedEngine, _fake_dir
 
-from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
 from engines.runtime.synth import CallState, CancelToken
 from engines.text import LexiconError, TextOptions
 

@@ -25,12 +25,12 @@ from typing import cast
 
 import numpy as np
 
-from engines.qwen3.batch_file import BatchLine, BatchLineError, parse_batch
-from engines.qwen3.cli import add_model_arguments, add_vocoder_threads, options_from_args
+from engines.qwen3.cli.batch_file import BatchLine, BatchLineError, parse_batch
+from engines.qwen3.cli.dock import add_model_arguments, add_vocoder_threads, options_from_args
 from engines.qwen3.errors import Qwen3TtsError
-from engines.qwen3.request import ModeSynthesizeRequest
-from engines.qwen3.synthesizer import BatchingEngine, Qwen3Synthesizer
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME
+from engines.qwen3.serving.request import ModeSynthesizeRequest
+from engines.qwen3.serving.synthesizer import BatchingEngine, Qwen3Synthesizer
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
 from engines.runtime.synth import SAMPLE_RATE, SynthesisError
 from svc.cli import DefaultsFormatter
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engines.qwen3.codec_torch import Attention, TransformerLayer
+from engines.qwen3.conversion.codec_decoder import Attention, TransformerLayer
 from engines.qwen3.errors import ConversionError
 
 HOP = 1920
@@ -288,7 +288,7 @@ class CodecEncoder(nn.Module):
 
 def load_encoder(st_dir: str | Path) -> CodecEncoder:
     """The codec encoder of an official ``speech_tokenizer/`` directory, fp32, eval mode."""
-    from engines.qwen3.codec_torch import load_codec_tensors, read_codec_config
+    from engines.qwen3.conversion.codec_decoder import load_codec_tensors, read_codec_config
 
     d = Path(st_dir)
     cfg = read_codec_config(d)

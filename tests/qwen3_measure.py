@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from engines.qwen3.engine import Qwen3TtsEngine
-from engines.qwen3.request import ModeSynthesizeRequest
+from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 
 
 def measure_frames_per_second(

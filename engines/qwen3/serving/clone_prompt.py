@@ -286,7 +286,7 @@ def make_prompt(
     source: str = "",
 ) -> ClonePrompt:
     """A prompt from prepared 24 kHz audio (``prepare_reference``); no ``codes``: x-vector only."""
-    from engines.qwen3.speaker_encoder import log_mel
+    from engines.qwen3.conversion.speaker_encoder import log_mel
 
     if model_size not in SIZES:
         raise ClonePromptError(f"unknown model size {model_size!r}; expected 0.6b or 1.7b")

@@ -1,6 +1,6 @@
 """Talker and code predictor weights on one device: two ``DecoderStack`` plus their tables.
 
-Both networks are the one decoder implementation of ``engines.qwen3.decoder``;
+Both networks are the one decoder implementation of ``engines.qwen3.model.transformer``;
 this module holds what surrounds them: the text projection, the code
 embeddings (one table for all 16 codebooks), the codec head, the predictor
 heads and the predictor-width input tables (pre-projected when the talker and
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engines.qwen3.decoder import DecoderStack
-from engines.qwen3.gguf_model import ModelMetadata, TtsWeights
+from engines.qwen3.model.config import ModelMetadata, TtsWeights
+from engines.qwen3.model.transformer import DecoderStack
 
 Tensor = torch.Tensor
 

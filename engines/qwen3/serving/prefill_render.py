@@ -14,11 +14,11 @@ import numpy as np
 import structlog
 import torch
 
-from engines.qwen3.checks import RequestChecks
-from engines.qwen3.model import TtsModel
-from engines.qwen3.prompt import IclPrompt, PromptLayout, build_layout
-from engines.qwen3.request import ModeSynthesizeRequest, QtsMode
-from engines.qwen3.tokenizer import TextTokenizer
+from engines.qwen3.model.tts_model import TtsModel
+from engines.qwen3.serving.prefill_layout import IclPrompt, PromptLayout, build_layout
+from engines.qwen3.serving.request import ModeSynthesizeRequest, QtsMode
+from engines.qwen3.serving.request_checks import RequestChecks
+from engines.qwen3.weights.text_tokenizer import TextTokenizer
 
 log = structlog.get_logger(__name__)
 Tensor = torch.Tensor

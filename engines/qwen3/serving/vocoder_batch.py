@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.qwen3.vocoder import FloatArray, IntArray, Vocoder
+from engines.qwen3.serving.vocoder import FloatArray, IntArray, Vocoder
 
 #: Longest a leader waits for other utterances' windows (seconds).
 GATHER_S = 0.003

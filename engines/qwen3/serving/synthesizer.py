@@ -32,17 +32,17 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from engines.qwen3.clone_voices import ClonePromptVoices
 from engines.qwen3.errors import RequestError
-from engines.qwen3.paths import ModelPathError, ModeModelPaths, mode_slug
-from engines.qwen3.request import (
+from engines.qwen3.serving.clone_voices import ClonePromptVoices
+from engines.qwen3.serving.request import (
     ModeSynthesizeRequest,
     PresetSpeaker,
     QtsMode,
     VoiceClonePrompt,
 )
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
-from engines.qwen3.vocoder_batch import VocoderBatcher
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
+from engines.qwen3.serving.vocoder_batch import VocoderBatcher
+from engines.qwen3.weights.paths import ModelPathError, ModeModelPaths, mode_slug
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
@@ -55,7 +55,7 @@ from engines.runtime.synth import (
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 if TYPE_CHECKING:
-    from engines.qwen3.engine import BatchResult
+    from engines.qwen3.serving.frame_generator import BatchResult
 
 log = structlog.get_logger(__name__)
 
@@ -172,8 +172,8 @@ EngineLoader = Callable[[ModeModelPaths, Qwen3Options], FrameEngine]
 def _default_engine_loader(paths: ModeModelPaths, opts: Qwen3Options) -> FrameEngine:
     import torch  # the model stack loads only here: option checks stay light
 
-    from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-    from engines.qwen3.model import resolve_device
+    from engines.qwen3.model.tts_model import resolve_device
+    from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
 
     base = BatchOptions.for_device(resolve_device(opts.device))
     batching = BatchOptions(

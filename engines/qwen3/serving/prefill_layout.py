@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engines.qwen3.gguf_model import CodecIds, TextIds
+from engines.qwen3.model.config import CodecIds, TextIds
 
 
 @dataclass(frozen=True)

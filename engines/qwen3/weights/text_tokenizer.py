@@ -25,7 +25,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from engines.qwen3.errors import GgufError, Qwen3TtsError
-from engines.qwen3.gguf_model import GgufFile, open_gguf
+from engines.qwen3.weights.gguf_loader import GgufFile, open_gguf
 
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.qwen3.request import ModeSynthesizeRequest
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 
 Tensor = torch.Tensor
 

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from engines.qwen3.clone_prompt import (
+from engines.qwen3.conversion.onnx_export import CODEC_ENCODER_FILE, speaker_encoder_file
+from engines.qwen3.errors import ConversionError
+from engines.qwen3.serving.clone_prompt import (
     SIZES,
     ClonePromptError,
     ClonePromptWarning,
@@ -31,8 +33,6 @@ from engines.qwen3.clone_prompt import (
     prepare_reference,
     read_wav,
 )
-from engines.qwen3.codec_export import CODEC_ENCODER_FILE, speaker_encoder_file
-from engines.qwen3.errors import ConversionError
 
 
 def _onnx_session(path: Path) -> Any:
@@ -86,8 +86,8 @@ def torch_backends(
 ) -> tuple[str, XVectorFn, CodesFn | None]:
     import torch
 
-    from engines.qwen3.codec_torch import load_codec_tensors
-    from engines.qwen3.speaker_encoder import load_speaker_encoder
+    from engines.qwen3.conversion.codec_decoder import load_codec_tensors
+    from engines.qwen3.conversion.speaker_encoder import load_speaker_encoder
 
     try:
         cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
@@ -109,7 +109,7 @@ def torch_backends(
 
     codes: CodesFn | None = None
     if not x_vector_only:
-        from engines.qwen3.codec_encoder import load_encoder
+        from engines.qwen3.conversion.codec_encoder import load_encoder
 
         st = hf_dir / "speech_tokenizer"
         if not st.is_dir():

@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from engines.qwen3.model import TtsModel
-from engines.qwen3.prompting import PreparedPrompt
-from engines.qwen3.sampling import RowSampling, candidates, draw_rows, gumbel, penalised
+from engines.qwen3.model.sampling import RowSampling, candidates, draw_rows, gumbel, penalised
+from engines.qwen3.model.tts_model import TtsModel
+from engines.qwen3.serving.prefill_render import PreparedPrompt
 
 Tensor = torch.Tensor
 #: Default prompt rows per prefill chunk: a chunk costs about one batched step.

@@ -21,7 +21,7 @@ from typing import Protocol
 import structlog
 import torch
 
-from engines.qwen3.frame_batch import FrameBatch, StepShape
+from engines.qwen3.model.frame_batch import FrameBatch, StepShape
 
 log = structlog.get_logger(__name__)
 

@@ -98,7 +98,7 @@ def export_vocoder(
     import onnxruntime as ort
     import torch
 
-    from engines.qwen3.codec_torch import load_decoder
+    from engines.qwen3.conversion.codec_decoder import load_decoder
 
     model = load_decoder(st_dir)
     out = Path(out_path)
@@ -186,7 +186,7 @@ def export_codec_encoder(
     import onnxruntime as ort
     import torch
 
-    from engines.qwen3.codec_encoder import HOP, load_encoder
+    from engines.qwen3.conversion.codec_encoder import HOP, load_encoder
 
     model = load_encoder(st_dir)
     out = Path(out_path)
@@ -256,7 +256,7 @@ def export_codec_files(
     ``speaker_encoder.*`` tensors and ``speaker=True``, the speaker encoder."""
     import json
 
-    from engines.qwen3.codec_torch import load_codec_tensors
+    from engines.qwen3.conversion.codec_decoder import load_codec_tensors
 
     src, out = Path(hf_dir), Path(out_dir)
     res = CodecExport(checks=[], notes=[])
@@ -280,7 +280,7 @@ def export_codec_files(
     if not tensors:
         res.notes.append("no speaker encoder written: the Base checkpoint has no speaker_encoder.*")
         return res
-    from engines.qwen3.speaker_encoder import load_speaker_encoder
+    from engines.qwen3.conversion.speaker_encoder import load_speaker_encoder
 
     model = load_speaker_encoder(spk_cfg, tensors)
     res.speaker_encoder = out / speaker_encoder_file(_size_slug(cfg, size))

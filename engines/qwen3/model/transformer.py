@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engines.qwen3.gguf_model import LayerWeights
+from engines.qwen3.model.config import LayerWeights
 
 Tensor = torch.Tensor
 

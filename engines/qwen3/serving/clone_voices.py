@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from engines.qwen3.clone_prompt import ClonePrompt, ClonePromptError, load_prompt
+from engines.qwen3.serving.clone_prompt import ClonePrompt, ClonePromptError, load_prompt
 from engines.runtime.synth import SynthesisError
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,4 @@
-"""``ttsdock qwen3-convert``: official Hugging Face Qwen3-TTS checkpoint -> our three GGUF files.
+"""Official Hugging Face Qwen3-TTS checkpoint -> our three GGUF files (``ttsdock qwen3-convert``).
 
 Input: a checkpoint directory with ``config.json``, ``*.safetensors`` (bf16/f16/f32)
 and the Qwen2 tokenizer files (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``
@@ -14,18 +14,16 @@ or, with ``--bundled``, everything in ``qwen3-tts-{size}-{mode}-{dtype}.gguf``.
 back to F16 for rows not a multiple of 32). The projection tensors are written
 whenever the checkpoint has them (they follow the tensors, not the size string).
 
-When the checkpoint has ``speech_tokenizer/`` (the 12 Hz codec), ``main`` also
+When the checkpoint has ``speech_tokenizer/`` (the 12 Hz codec), the command
+(``engines.qwen3.cli.convert``) also
 exports ``qwen3-tts-vocoder.onnx`` and, for Base checkpoints, the speaker encoder
-(and the codec encoder) for voice-clone prompts (``engines.qwen3.codec_export``).
+(and the codec encoder) for voice-clone prompts (``engines.qwen3.conversion.onnx_export``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engines.qwen3 import gguf_keys as keys
 from engines.qwen3.errors import ConversionError
+from engines.qwen3.weights import gguf_keys as keys
 
 ARCH = "qwen3-tts"
 DTYPES = ("f32", "f16", "q8_0")
@@ -323,60 +321,3 @@ def convert(
 
 def _type_from_slug(slug: str) -> str:
     return {v: k for k, v in _MODE_SLUG.items()}[slug]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="ttsdock qwen3-convert",
-        description="Convert an official Qwen3-TTS Hugging Face checkpoint into QTS GGUF files.",
-    )
-    p.add_argument("--hf-dir", required=True, type=Path, help="checkpoint directory")
-    p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--dtype", default="f16", choices=DTYPES, help="2-D tensor type (default f16)")
-    p.add_argument("--size", default="auto", help="auto (from config.json), 0.6b or 1.7b")
-    p.add_argument(
-        "--mode", default="auto", help="auto (from config.json), base, customvoice or voicedesign"
-    )
-    p.add_argument("--bundled", action="store_true", help="write one bundled GGUF file")
-    p.add_argument(
-        "--vocoder-only",
-        action="store_true",
-        help="only export speech_tokenizer/'s decoder to qwen3-tts-vocoder.onnx",
-    )
-    args = p.parse_args(argv)
-    t0 = time.perf_counter()
-    size = None if args.size == "auto" else args.size
-    written: list[Path] = []
-    try:
-        if not args.vocoder_only:
-            files = convert(
-                args.hf_dir,
-                args.out,
-                dtype=args.dtype,
-                size=size,
-                mode=None if args.mode == "auto" else args.mode,
-                bundled=args.bundled,
-            )
-            written += [files.talker, files.code_predictor, files.tokenizer]
-        from engines.qwen3.codec_export import export_codec_files
-
-        codec = export_codec_files(args.hf_dir, args.out, speaker=not args.vocoder_only, size=size)
-    except ConversionError as exc:
-        print(f"qwen3-convert: error: {exc}", file=sys.stderr)
-        return 2
-    if args.vocoder_only and codec.vocoder is None:
-        print(f"qwen3-convert: error: {'; '.join(codec.notes or [])}", file=sys.stderr)
-        return 2
-    written += [f for f in (codec.vocoder, codec.speaker_encoder, codec.codec_encoder) if f]
-    for path in dict.fromkeys(written):
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
-    for check in codec.checks or []:
-        print(check.line())
-    for note in codec.notes or []:
-        print(note)
-    print(f"done in {time.perf_counter() - t0:.1f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -31,26 +31,27 @@ import numpy.typing as npt
 import structlog
 import torch
 
-from engines.qwen3.checks import RequestChecks
-from engines.qwen3.cuda_graphs import GraphSteps
 from engines.qwen3.errors import Qwen3TtsError, RequestError
-from engines.qwen3.frame_batch import PREFILL_CHUNK, FrameBatch
-from engines.qwen3.gguf_model import GgufBundle, ModelMetadata, load_weights, read_metadata
-from engines.qwen3.model import TtsModel
-from engines.qwen3.prompt import PromptLayout
-from engines.qwen3.prompting import PreparedPrompt, PromptRenderer
-from engines.qwen3.request import (
+from engines.qwen3.model.config import ModelMetadata
+from engines.qwen3.model.cuda_graphs import GraphSteps
+from engines.qwen3.model.frame_batch import PREFILL_CHUNK, FrameBatch
+from engines.qwen3.model.sampling import RowSampling
+from engines.qwen3.model.tts_model import TtsModel
+from engines.qwen3.serving.prefill_layout import PromptLayout
+from engines.qwen3.serving.prefill_render import PreparedPrompt, PromptRenderer
+from engines.qwen3.serving.request import (
     ModeSynthesizeRequest,
     PresetSpeaker,
     QtsMode,
     VoiceClonePrompt,
 )
-from engines.qwen3.sampling import RowSampling
-from engines.qwen3.scheduler import BatchScheduler, FrameStream, Utterance
-from engines.qwen3.tokenizer import TextTokenizer
+from engines.qwen3.serving.request_checks import RequestChecks
+from engines.qwen3.serving.scheduler import BatchScheduler, FrameStream, Utterance
+from engines.qwen3.weights.gguf_loader import GgufBundle, load_weights, read_metadata
+from engines.qwen3.weights.text_tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
-    from engines.qwen3.paths import ModeModelPaths
+    from engines.qwen3.weights.paths import ModeModelPaths
 
 __all__ = [
     "BatchOptions",
@@ -207,7 +208,7 @@ class Qwen3TtsEngine:
         cls, model_dir: str | os.PathLike[str], mode: QtsMode | str, **kw: Any
     ) -> Qwen3TtsEngine:
         """Resolve the files of ``mode`` in ``model_dir`` (``ModeModelPaths``) and load them."""
-        from engines.qwen3.paths import ModeModelPaths
+        from engines.qwen3.weights.paths import ModeModelPaths
 
         size = kw.pop("size", None)
         paths = ModeModelPaths.from_model_dir(model_dir, QtsMode.parse(mode), size=size)

@@ -15,13 +15,13 @@ import argparse
 import os
 from pathlib import Path
 
-from engines.qwen3.paths import MODES
-from engines.qwen3.synthesizer import (
+from engines.qwen3.serving.synthesizer import (
     DEFAULT_LEFT_CONTEXT,
     MAX_FRAMES_CAP,
     Qwen3Options,
     Qwen3Synthesizer,
 )
+from engines.qwen3.weights.paths import MODES
 from engines.runtime.cli import text_options
 from svc.cli import int_in
 

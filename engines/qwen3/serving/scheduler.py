@@ -28,10 +28,10 @@ import numpy.typing as npt
 import structlog
 import torch
 
-from engines.qwen3.cuda_graphs import GraphSteps
-from engines.qwen3.frame_batch import PREFILL_CHUNK, FrameBatch, SlotRow
-from engines.qwen3.prompting import PreparedPrompt
-from engines.qwen3.sampling import RowSampling
+from engines.qwen3.model.cuda_graphs import GraphSteps
+from engines.qwen3.model.frame_batch import PREFILL_CHUNK, FrameBatch, SlotRow
+from engines.qwen3.model.sampling import RowSampling
+from engines.qwen3.serving.prefill_render import PreparedPrompt
 from engines.runtime.synth import SynthesisCancelled
 
 log = structlog.get_logger(__name__)

@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.qwen3.errors import RequestError
-from engines.qwen3.gguf_model import ModelMetadata
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+from engines.qwen3.model.config import ModelMetadata
+from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
 
 
 class RequestChecks:
