@@ -311,8 +311,9 @@ def run_engine(
 ) -> dict[str, Any]:
     import torch
 
-    from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
-    from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+    from engines.qwen3.modes import PresetSpeaker, QtsMode
+    from engines.qwen3.serving.frame_generator import FrameGenerator
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
     from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths
 
     torch.set_flush_denormal(True)
@@ -328,7 +329,7 @@ def run_engine(
     paths = ModeModelPaths.from_files(gguf_path, vocoder_onnx=voc_path or mdir / VOCODER_FILE)
     t1 = time.perf_counter()
     qmode = QtsMode.parse(mode)
-    engine = Qwen3TtsEngine.load_mode(paths, qmode, device=device, dtype=dtype)
+    engine = FrameGenerator.load_mode(paths, qmode, device=device, dtype=dtype)
     load_s = time.perf_counter() - t1
     vocoder = None
     if voc_path is not None:
@@ -585,14 +586,15 @@ def run_compare(
     """
     import torch
 
-    from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
-    from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+    from engines.qwen3.modes import PresetSpeaker, QtsMode
+    from engines.qwen3.serving.frame_generator import FrameGenerator
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
     from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths
 
     threads = torch.get_num_threads()
     gguf_path = write_random_model(work / shape.name, shape)
     paths = ModeModelPaths.from_files(gguf_path, vocoder_onnx=work / shape.name / VOCODER_FILE)
-    engine = Qwen3TtsEngine.load_mode(paths, QtsMode.CustomVoice, device=device, dtype=dtype)
+    engine = FrameGenerator.load_mode(paths, QtsMode.CustomVoice, device=device, dtype=dtype)
     ours_threads = torch.get_num_threads()
     torch.set_num_threads(threads)  # the official model keeps the process default
     official, _ = build_official(shape, device=device, dtype=dtype)

@@ -453,8 +453,8 @@ def build_tiny_engine(
     config_overrides: dict[str, Any] | None = None,
     **cfg_kw: Any,
 ):
-    """Checkpoint -> our converter -> ``Qwen3TtsEngine`` (small text width for speed)."""
-    from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
+    """Checkpoint -> our converter -> ``FrameGenerator`` (small text width for speed)."""
+    from engines.qwen3.serving.frame_generator import FrameGenerator
 
     cfg_kw.setdefault("text_hidden", 8)
     cfg = tiny_config(kind, **cfg_kw)
@@ -464,4 +464,4 @@ def build_tiny_engine(
     hf = write_checkpoint(root / f"{kind}-hf", cfg)
     paths = convert_checkpoint(hf, root / f"{kind}-gguf", dtype=dtype, bundled=bundled)
     mode = {"custom_voice": "customvoice", "voice_design": "voicedesign", "base": "base"}[kind]
-    return Qwen3TtsEngine.load_mode(paths, mode), paths, cfg
+    return FrameGenerator.load_mode(paths, mode), paths, cfg

@@ -1,4 +1,4 @@
-"""Speed measurement of one request through the engine (used by benchmarks and tests)."""
+"""Speed measurement of one request through the frame generator (tests/test_qwen3_model.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import time
 
 import numpy as np
 
-from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
+from engines.qwen3.serving.frame_generator import FrameGenerator
 from engines.qwen3.serving.request import ModeSynthesizeRequest
 
 
 def measure_frames_per_second(
-    engine: Qwen3TtsEngine,
+    engine: FrameGenerator,
     req: ModeSynthesizeRequest,
     *,
     runs: int = 3,

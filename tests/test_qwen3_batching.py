@@ -22,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.qwen3.cli.batch_file import MAX_LINE_BYTES, BatchLine, BatchLineError, parse_batch
-from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
-from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.frame_generator import BatchOptions, FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 from engines.runtime.synth import SynthesisCancelled
 
 # -- batch files ---------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_batch_line_round_trip(name: str, text: str, ns: bool, mf: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory: pytest.TempPathFactory) -> Qwen3TtsEngine:
+def eng(tmp_path_factory: pytest.TempPathFactory) -> FrameGenerator:
     e = qh.build_tiny_engine(tmp_path_factory.mktemp("batch"), hidden=64, cp_hidden=32)[0]
     e.batching = BatchOptions(max_batch=8, max_context=128)  # before the first request
     return e
@@ -100,7 +101,7 @@ def _req(**kw: Any) -> ModeSynthesizeRequest:
     return ModeSynthesizeRequest(**base)
 
 
-def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: Qwen3TtsEngine) -> None:
+def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: FrameGenerator) -> None:
     reqs = [
         ("s1", _req(seed=1)),
         ("s2", _req(seed=2, text="Another sentence here.", top_k=7, subtalker_top_k=100)),
@@ -116,8 +117,8 @@ def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: Qwen3TtsEngine) 
     assert not np.array_equal(alone["s1"], eng.generate_codes(_req(seed=9))[0])
 
 
-def test_beyond_max_batch_the_most_urgent_waits_least(eng: Qwen3TtsEngine) -> None:
-    e = Qwen3TtsEngine(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=1))
+def test_beyond_max_batch_the_most_urgent_waits_least(eng: FrameGenerator) -> None:
+    e = FrameGenerator(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=1))
     hold = threading.Event()
     first = e.submit(_req(greedy=True, max_frames=90), name="first", cancel=hold.is_set)
     next(first)  # "first" holds the only row until ``hold`` is set
@@ -149,8 +150,8 @@ def test_beyond_max_batch_the_most_urgent_waits_least(eng: Qwen3TtsEngine) -> No
     e.close()
 
 
-def test_batch_over_max_batch_reports_the_excess(eng: Qwen3TtsEngine) -> None:
-    e = Qwen3TtsEngine(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=2))
+def test_batch_over_max_batch_reports_the_excess(eng: FrameGenerator) -> None:
+    e = FrameGenerator(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=2))
     res = e.generate_batch([(n, _req(greedy=True, max_frames=3)) for n in ("a", "b", "c")])
     assert [r.error is None for r in res] == [True, True, False]
     assert res[2].error is not None and "c" in res[2].error and "max_batch=2" in res[2].error

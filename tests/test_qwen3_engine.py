@@ -21,7 +21,7 @@ pytest.importorskip("onnxruntime")
 
 from qwen3_vocoder_fixture import export_tiny_vocoder
 
-from engines.qwen3.serving.request import PresetSpeaker
+from engines.qwen3.modes import PresetSpeaker
 from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
 from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
 from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths, split_file_names
@@ -84,7 +84,7 @@ def _synth(
 ) -> tuple[Qwen3Synthesizer, ScriptedEngine]:
     eng = engine or ScriptedEngine(mode)
     s = Qwen3Synthesizer(
-        Qwen3Options(model_dir=d, mode=mode, **kw), engine_loader=lambda paths, opts: eng
+        Qwen3Options(model_dir=d, mode=mode, **kw), generator_loader=lambda paths, opts: eng
     )
     return s, eng
 
@@ -220,11 +220,13 @@ def test_bad_options_fail_load_before_model(tmp_path: Path) -> None:
         loaded.append(1)
         return ScriptedEngine("base")
 
-    s = Qwen3Synthesizer(Qwen3Options(model_dir=d, mode="base", instruct="x"), engine_loader=loader)
+    s = Qwen3Synthesizer(
+        Qwen3Options(model_dir=d, mode="base", instruct="x"), generator_loader=loader
+    )
     with pytest.raises(SynthesisError, match="instruct"):
         s.load()
     s = Qwen3Synthesizer(
-        Qwen3Options(model_dir=d, mode="base", speaker="vivian"), engine_loader=loader
+        Qwen3Options(model_dir=d, mode="base", speaker="vivian"), generator_loader=loader
     )
     with pytest.raises(SynthesisError, match="speaker"):
         s.load()
@@ -252,7 +254,7 @@ def test_engine_load_error_is_clear(cv_dir: Path) -> None:
     def boom(paths: ModeModelPaths, opts: Qwen3Options) -> Any:
         raise RuntimeError("tensor talker.blk.0.attn_q.weight missing")
 
-    s = Qwen3Synthesizer(Qwen3Options(model_dir=cv_dir), engine_loader=boom)
+    s = Qwen3Synthesizer(Qwen3Options(model_dir=cv_dir), generator_loader=boom)
     with pytest.raises(SynthesisError, match=r"cannot load the model.*attn_q"):
         s.load()
 
@@ -369,7 +371,7 @@ def test_real_engine_streams_audio(tiny_dir: Path) -> None:
         assert st[f"last_{k}_ms"] > 0, k
     # Same seed offline: identical codes, and the streamed audio equals the full decode.
     req = s.make_request("Hello world.", "ryan")
-    codes, _ = s.engine.generate_codes(req)
+    codes, _ = s.generator.generate_codes(req)
     assert codes.shape == (frames, 16) and codes.dtype == np.int64
     assert s.vocoder is not None
     np.testing.assert_allclose(audio, s.vocoder.decode(codes), atol=1e-5)
@@ -575,7 +577,7 @@ def test_real_engine_icl_voice_clone(tiny_base_dir: Path, tmp_path: Path) -> Non
     audio = np.concatenate(list(s.synthesize("Hello world.", CallState(1), CancelToken())))
     req = s.make_request("Hello world.", None)
     assert req.voice_clone_prompt is not None and req.voice_clone_prompt.uses_icl
-    codes, _ = s.engine.generate_codes(req)
+    codes, _ = s.generator.generate_codes(req)
     assert audio.shape == (codes.shape[0] * SAMPLES_PER_FRAME,)
     assert s.vocoder is not None
     whole = s.vocoder.decode(np.concatenate([ref, codes]))

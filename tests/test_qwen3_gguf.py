@@ -284,7 +284,8 @@ def test_split_and_bundled_files_load_alike(tmp_path: Path) -> None:
     assert all(n.startswith("talker.") for n in names_t)
     assert all(n.startswith("code_pred.") for n in names_p)
     assert names_t | names_p == set(GgufFile(paths_bund.talker_gguf).tensors)
-    from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
+    from engines.qwen3.modes import PresetSpeaker
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
 
     req = ModeSynthesizeRequest(
         text="Hello world", speaker=PresetSpeaker.Ryan, greedy=True, max_frames=6

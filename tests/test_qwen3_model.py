@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from qwen3_measure import measure_frames_per_second
 
 from engines.qwen3.model.frame_batch import FrameBatch, StepShape
-from engines.qwen3.serving.frame_generator import Qwen3TtsEngine
-from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.frame_generator import FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 from engines.runtime.synth import SynthesisCancelled
 
 
@@ -51,7 +52,7 @@ def test_equal_widths_use_identity(equal) -> None:
     assert eng.model.cp_embd_in is eng.model.cp_embd
 
 
-def _recompute_codes(eng: Qwen3TtsEngine, h: torch.Tensor, code0: int) -> tuple[list[int], list]:
+def _recompute_codes(eng: FrameGenerator, h: torch.Tensor, code0: int) -> tuple[list[int], list]:
     """The predictor without a KV cache: rerun the whole sequence for every step."""
     m = eng.model
     seq = [m.project_to_predictor(h), m.project_to_predictor(m.codec_embd[code0])]

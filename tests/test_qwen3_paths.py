@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engines.qwen3.modes import MODES, mode_slug
 from engines.qwen3.weights.paths import (
-    MODES,
     QUANTS,
     VOCODER_FILE,
     ModelPathError,
     ModeModelPaths,
     bundled_file_name,
-    mode_slug,
     split_file_names,
 )
 

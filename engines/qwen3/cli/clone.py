@@ -21,6 +21,7 @@ import numpy as np
 
 from engines.qwen3.conversion.onnx_export import CODEC_ENCODER_FILE, speaker_encoder_file
 from engines.qwen3.errors import ConversionError
+from engines.qwen3.modes import size_or_none
 from engines.qwen3.serving.clone_prompt import (
     SIZES,
     ClonePromptError,
@@ -99,7 +100,7 @@ def torch_backends(
             "have the speaker encoder that voice cloning needs"
         )
     raw = str(size or cfg.get("tts_model_size", "")).lower()
-    slug = {"0b6": "0.6b", "1b7": "1.7b"}.get(raw, raw)
+    slug = size_or_none(raw) or raw
     tensors = load_codec_tensors(hf_dir, "speaker_encoder.")
     spk = load_speaker_encoder(cfg["speaker_encoder_config"], tensors)
 

@@ -15,13 +15,13 @@ import argparse
 import os
 from pathlib import Path
 
+from engines.qwen3.modes import MODE_CHOICES, SIZES
 from engines.qwen3.serving.synthesizer import (
     DEFAULT_LEFT_CONTEXT,
     MAX_FRAMES_CAP,
     Qwen3Options,
     Qwen3Synthesizer,
 )
-from engines.qwen3.weights.paths import MODES
 from engines.runtime.cli import text_options
 from svc.cli import int_in
 
@@ -42,11 +42,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--mode",
         default="customvoice",
         type=str.lower,
-        choices=[*MODES, "custom_voice", "voice_design"],
+        choices=list(MODE_CHOICES),
         help="checkpoint kind",
     )
     g.add_argument(
-        "--size", choices=["1.7b", "0.6b"], help="model size (default: the one in --model-dir)"
+        "--size", choices=list(SIZES), help="model size (default: the one in --model-dir)"
     )
     g.add_argument(
         "--talker-gguf", type=Path, help="explicit talker GGUF (default: found in --model-dir)"
@@ -153,8 +153,8 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
         non_streaming=args.non_streaming,
         max_frames=args.max_frames,
         text=text_options(args),
-        max_batch=getattr(args, "max_batch", None),
-        max_context=getattr(args, "max_context", None),
+        max_batch=args.max_batch,
+        max_context=args.max_context,
         **({"vocoder_threads": args.vocoder_threads} if "vocoder_threads" in args else {}),
         **({"chunk_frames": args.chunk_frames} if "chunk_frames" in args else {}),
         **({"first_chunk_frames": args.first_chunk_frames} if "first_chunk_frames" in args else {}),

@@ -21,7 +21,6 @@ import sys
 import time
 import wave
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from engines.qwen3.cli.batch_file import BatchLine, BatchLineError, parse_batch
 from engines.qwen3.cli.dock import add_model_arguments, add_vocoder_threads, options_from_args
 from engines.qwen3.errors import Qwen3TtsError
 from engines.qwen3.serving.request import ModeSynthesizeRequest
-from engines.qwen3.serving.synthesizer import BatchingEngine, Qwen3Synthesizer
+from engines.qwen3.serving.synthesizer import Qwen3Synthesizer
 from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
 from engines.runtime.synth import SAMPLE_RATE, SynthesisError
 from svc.cli import DefaultsFormatter
@@ -100,10 +99,10 @@ def _run(args: argparse.Namespace) -> int:
     synth.load(need_vocoder=args.wav_out is not None)
     load_ms = (time.perf_counter() - t0) * 1e3
     req = synth.make_request(args.text, args.speaker)
-    assert synth.engine is not None
+    assert synth.generator is not None
     t1 = time.perf_counter()
     try:
-        codes, timings = synth.engine.generate_codes(req)
+        codes, timings = synth.generator.generate_codes(req)
     except (TypeError, ValueError) as exc:
         raise SynthesisError(f"qwen3: bad request: {exc}") from exc
     gen_ms = (time.perf_counter() - t1) * 1e3
@@ -169,10 +168,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     synth.load(need_vocoder=False)
     print(f"load: {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    engine = synth.engine
-    if not hasattr(engine, "generate_batch"):
+    batching = synth.batching
+    if batching is None:
         raise SynthesisError("qwen3: this engine cannot decode batches")
-    batching = cast(BatchingEngine, engine)
     reqs: list[tuple[str, ModeSynthesizeRequest]] = []
     for line in good:
         try:

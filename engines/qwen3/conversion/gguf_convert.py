@@ -33,12 +33,11 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.qwen3.errors import ConversionError
+from engines.qwen3.modes import MODES, QtsMode, mode_of_model_type_or_none, size_or_none
 from engines.qwen3.weights import gguf_keys as keys
 
 ARCH = "qwen3-tts"
 DTYPES = ("f32", "f16", "q8_0")
-_MODE_SLUG = {"base": "base", "custom_voice": "customvoice", "voice_design": "voicedesign"}
-_SIZE_SLUG = {"0b6": "0.6b", "1b7": "1.7b", "0.6b": "0.6b", "1.7b": "1.7b"}
 
 _LAYER_MAP = {
     "input_layernorm": "attn_norm",
@@ -243,15 +242,15 @@ def convert(
         raise ConversionError(f"{src}: not a directory")
     cfg = _read_json(src / "config.json")
     mtype = str(cfg.get("tts_model_type") or "")
-    mode_slug = _MODE_SLUG.get(mode or mtype)
-    if mode_slug is None and mode in _MODE_SLUG.values():
+    mode_slug = mode_of_model_type_or_none(mode or mtype)
+    if mode_slug is None and mode in MODES:
         mode_slug = mode
     if mode_slug is None:
         raise ConversionError(
             f"{src / 'config.json'}: cannot tell the mode (tts_model_type={mtype!r}); pass --mode"
         )
     msize = str(cfg.get("tts_model_size") or "")
-    size_slug = _SIZE_SLUG.get((size or msize).lower())
+    size_slug = size_or_none((size or msize).lower())
     if size_slug is None:
         raise ConversionError(
             f"{src / 'config.json'}: cannot tell the size (tts_model_size={msize!r}); pass --size"
@@ -264,7 +263,7 @@ def convert(
     paths = OutputFiles(out / names[0], out / names[1], out / names[2])
 
     identity = [
-        ("str", keys.MODEL_TYPE_KEYS[0], _type_from_slug(mode_slug)),
+        ("str", keys.MODEL_TYPE_KEYS[0], QtsMode(mode_slug).model_type),
         ("str", keys.MODEL_SIZE_KEYS[0], size_slug),
     ]
     tw = gguf.GGUFWriter(str(paths.talker), arch=ARCH)
@@ -317,7 +316,3 @@ def convert(
         w.write_tensors_to_file()
         w.close()
     return paths
-
-
-def _type_from_slug(slug: str) -> str:
-    return {v: k for k, v in _MODE_SLUG.items()}[slug]

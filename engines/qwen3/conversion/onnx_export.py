@@ -1,7 +1,7 @@
 """ONNX export of the codec decoder (vocoder) and the speaker encoder, validated at export time.
 
 ``qwen3-convert`` calls these (convert time only; torch and our own modules in
-``codec_torch`` / ``speaker_encoder``, no official package):
+``codec_decoder`` / ``speaker_encoder``, no official package):
 
 - ``export_vocoder``: ``speech_tokenizer/`` -> ``qwen3-tts-vocoder.onnx``, input
   ``codes`` int64 ``[B,16,T]`` (batch and frame axes dynamic), output ``audio``
@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.qwen3.errors import ConversionError
+from engines.qwen3.modes import size_or_none
 
 VOCODER_FILE = "qwen3-tts-vocoder.onnx"
 CODEC_ENCODER_FILE = "qwen3-tts-codec-encoder.onnx"
@@ -239,7 +240,7 @@ class CodecExport:
 
 def _size_slug(cfg: dict[str, Any], size: str | None) -> str:
     raw = str(size or cfg.get("tts_model_size") or "").lower()
-    slug = {"0b6": "0.6b", "1b7": "1.7b", "0.6b": "0.6b", "1.7b": "1.7b"}.get(raw)
+    slug = size_or_none(raw)
     if slug is None:
         raise ConversionError(f"cannot tell the model size (tts_model_size={raw!r}); pass --size")
     return slug

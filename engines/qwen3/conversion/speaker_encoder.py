@@ -112,15 +112,15 @@ class SpeakerEncoderConfig:
     def from_dict(cls, d: dict[str, Any]) -> SpeakerEncoderConfig:
         base = cls()
 
-        def tup(k: str) -> tuple[int, ...]:
-            return tuple(int(x) for x in d.get(k, getattr(base, k)))
+        def tup(k: str, default: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(int(x) for x in d.get(k, default))
 
         return cls(
             mel_dim=int(d.get("mel_dim", base.mel_dim)),
             enc_dim=int(d.get("enc_dim", base.enc_dim)),
-            enc_channels=tup("enc_channels"),
-            enc_kernel_sizes=tup("enc_kernel_sizes"),
-            enc_dilations=tup("enc_dilations"),
+            enc_channels=tup("enc_channels", base.enc_channels),
+            enc_kernel_sizes=tup("enc_kernel_sizes", base.enc_kernel_sizes),
+            enc_dilations=tup("enc_dilations", base.enc_dilations),
             enc_attention_channels=int(d.get("enc_attention_channels", 128)),
             enc_res2net_scale=int(d.get("enc_res2net_scale", 8)),
             enc_se_channels=int(d.get("enc_se_channels", 128)),

@@ -1,12 +1,12 @@
 """CUDA graphs of ``FrameBatch.step_body``, one per batch-size bucket, with an eager fallback.
 
-Rule 1: a graph replays exactly ``step_body`` (the one frame step) over slots
+Rule 1: a graph replays exactly ``step_body`` (the one frame step) over rows
 ``0..bucket-1`` with whole-cache attention lengths, so graph and eager steps
 give the same codes. Rule 2: capture is an optimisation: any failure (CUDA
 out of memory included) logs a warning and falls back, never fails a call.
 
 Buckets are powers of two (1, 2, 4, ... up to ``max_batch``); a step over
-``n`` active slots replays the smallest bucket ``>= n`` (the rows above ``n``
+``n`` active rows replays the smallest bucket ``>= n`` (the rows above ``n``
 are padding). A bucket whose capture fails is dropped with every larger one,
 so the batch keeps running on the smaller captured buckets and eagerly above.
 Graphs are keyed by the bucket and the step's ``StepShape`` (Gumbel candidate
@@ -82,7 +82,7 @@ class GraphSteps:
         return None
 
     def run(self, n: int, shape: StepShape) -> bool:
-        """Replay the step over slots ``0..n-1`` (noise and text rows already filled)."""
+        """Replay the step over rows ``0..n-1`` (noise and text rows already filled)."""
         if not self.enabled:
             return False
         b = self.bucket_for(n)
@@ -138,7 +138,7 @@ class GraphSteps:
 
 
 def _snapshot(fb: FrameBatch, n: int) -> list[torch.Tensor]:
-    """Per-slot state a warm-up/capture run would advance (h, pos, history, frame count)."""
+    """Per-row state a warm-up/capture run would advance (h, pos, history, frame count)."""
     return [t[:n].clone() for t in (fb.h, fb.pos, fb.seen, fb.frame_i)]
 
 

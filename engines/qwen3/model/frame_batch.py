@@ -1,16 +1,16 @@
-"""``FrameBatch``: static per-slot state of up to ``max_batch`` utterances and the frame step.
+"""``FrameBatch``: static per-row state of up to ``max_batch`` utterances and the frame step.
 
-Rule 1: one step makes one frame for every active slot at once: codebook 0
+Rule 1: one step makes one frame for every active row at once: codebook 0
 from the talker's last row (repetition penalty, suppression, draw), the 15
 code-predictor steps, then one talker step at each row's own position. Rule 2:
 this file does not know threads, queues or calls; ``scheduler`` drives it.
 
-Everything lives in preallocated device tensors indexed by slot: the talker
+Everything lives in preallocated device tensors indexed by batch row: the talker
 KV cache ``[layers, max_batch, max_context + 1, ...]`` (the last position is
 scratch for rows that only pad a batch), a predictor cache, the last hidden
-row, position, codebook-0 history and sampling parameters of every slot. A
-step runs over slots ``0..n-1`` (``n`` = highest active slot + 1, or a CUDA
-graph bucket); free and still-prefilling slots inside that range are padding
+row, position, codebook-0 history and sampling parameters of every row. A
+step runs over rows ``0..n-1`` (``n`` = highest active row + 1, or a CUDA
+graph bucket); free and still-prefilling rows inside that range are padding
 (``valid`` False): they write to the scratch position, advance nothing, and
 their outputs are ignored. ``step_body`` takes only static sizes and reads no
 host value, so ``cuda_graphs`` captures it as is; ``step`` runs it eagerly.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -27,9 +28,23 @@ import torch
 
 from engines.qwen3.model.sampling import RowSampling, candidates, draw_rows, gumbel, penalised
 from engines.qwen3.model.tts_model import TtsModel
-from engines.qwen3.serving.prefill_render import PreparedPrompt
 
 Tensor = torch.Tensor
+
+
+class PrefillInput(Protocol):
+    """A rendered prompt as the batch reads it (``serving.prefill_render.PreparedPrompt``)."""
+
+    @property
+    def rows(self) -> Tensor:
+        """Talker prefill rows ``[L, H]``."""
+        ...
+
+    def text_row(self, frame_index: int) -> Tensor:
+        """The text-track row added to the talker input after frame ``frame_index``."""
+        ...
+
+
 #: Default prompt rows per prefill chunk: a chunk costs about one batched step.
 PREFILL_CHUNK = 32
 
@@ -46,10 +61,10 @@ class StepShape:
 
 
 @dataclass
-class SlotRow:
-    """Host-side view of one occupied slot."""
+class BatchRow:
+    """Host-side view of one occupied batch row."""
 
-    prep: PreparedPrompt
+    prep: PrefillInput
     sampling: RowSampling
     gen: torch.Generator
     max_frames: int
@@ -113,57 +128,57 @@ class FrameBatch:
         self.cp_top_p = torch.ones(max_batch, device=dev, dtype=f32)
         self.noise0 = torch.zeros((max_batch, self.vocab), device=dev, dtype=f32)
         self.noisec = torch.zeros((max_batch, self.n_groups, self.cp_vocab), device=dev, dtype=f32)
-        self.slots: list[SlotRow | None] = [None] * max_batch
+        self.rows: list[BatchRow | None] = [None] * max_batch
 
-    # -- slots ------------------------------------------------------------------------------
+    # -- rows -------------------------------------------------------------------------------
 
-    def fits(self, prep: PreparedPrompt, max_frames: int) -> bool:
-        """Whether prompt + ``max_frames`` frames fit one slot's context."""
+    def fits(self, prep: PrefillInput, max_frames: int) -> bool:
+        """Whether prompt + ``max_frames`` frames fit one row's context."""
         return int(prep.rows.shape[0]) + max_frames <= self.max_context
 
-    def free_slot(self) -> int | None:
-        for i, s in enumerate(self.slots):
+    def free_row(self) -> int | None:
+        for i, s in enumerate(self.rows):
             if s is None:
                 return i
         return None
 
-    def occupy(self, slot: int, row: SlotRow) -> None:
-        """Put ``row`` in ``slot`` (not yet valid: its prefill runs in ``prefill_chunk``)."""
-        assert self.slots[slot] is None
-        self.slots[slot] = row
+    def occupy(self, b: int, row: BatchRow) -> None:
+        """Put ``row`` in batch row ``b`` (not yet valid: its prefill runs in ``prefill``)."""
+        assert self.rows[b] is None
+        self.rows[b] = row
         s = row.sampling
         row.k0 = 0 if s.greedy else candidates(s.top_k, self.vocab)
         row.kc = 0 if s.cp_greedy else candidates(s.cp_top_k, self.cp_vocab)
-        self.greedy[slot] = s.greedy
-        self.temp[slot] = s.temperature if s.temperature > 0 else 1.0
-        self.top_k[slot] = max(1, row.k0)
-        self.top_p[slot] = s.top_p
-        self.penalty[slot] = s.repetition_penalty
-        self.cp_greedy[slot] = s.cp_greedy
-        self.cp_temp[slot] = s.cp_temperature if s.cp_temperature > 0 else 1.0
-        self.cp_top_k[slot] = max(1, row.kc)
-        self.cp_top_p[slot] = s.cp_top_p
-        self.valid[slot] = False
+        self.greedy[b] = s.greedy
+        self.temp[b] = s.temperature if s.temperature > 0 else 1.0
+        self.top_k[b] = max(1, row.k0)
+        self.top_p[b] = s.top_p
+        self.penalty[b] = s.repetition_penalty
+        self.cp_greedy[b] = s.cp_greedy
+        self.cp_temp[b] = s.cp_temperature if s.cp_temperature > 0 else 1.0
+        self.cp_top_k[b] = max(1, row.kc)
+        self.cp_top_p[b] = s.cp_top_p
+        self.valid[b] = False
 
-    def release(self, slot: int) -> None:
-        """Free ``slot`` at once (finished, cancelled or failed)."""
-        self.slots[slot] = None
-        self.valid[slot] = False
-        self.pos[slot] = 0
+    def release(self, b: int) -> None:
+        """Free batch row ``b`` at once (finished, cancelled or failed)."""
+        self.rows[b] = None
+        self.valid[b] = False
+        self.pos[b] = 0
 
-    def prefill(self, slots: Sequence[int], chunk: int = PREFILL_CHUNK) -> list[int]:
-        """Up to ``chunk`` more prompt rows of each of ``slots``, in one batched call.
+    def prefill(self, batch_rows: Sequence[int], chunk: int = PREFILL_CHUNK) -> list[int]:
+        """Up to ``chunk`` more prompt rows of each of ``batch_rows``, in one batched call.
 
         Prompts of different lengths are padded (the padding writes only to the scratch
-        position). Returns the slots whose prefill is now done (they join the next step).
+        position). Returns the batch rows whose prefill is now done (they join the next step).
         """
         m = self.model
-        rows = [self.slots[s] for s in slots]
+        rows = [self.rows[b] for b in batch_rows]
         starts = [r.prefilled for r in rows if r is not None]
-        assert len(starts) == len(slots)
+        assert len(starts) == len(batch_rows)
         lens = [min(r.n_rows - r.prefilled, max(1, chunk)) for r in rows if r is not None]
         width = max(lens)
-        x = torch.zeros((len(slots), width, self.h.shape[1]), device=m.device, dtype=m.dtype)
+        x = torch.zeros((len(batch_rows), width, self.h.shape[1]), device=m.device, dtype=m.dtype)
         for i, r in enumerate(rows):
             assert r is not None
             x[i, : lens[i]] = r.prep.rows[starts[i] : starts[i] + lens[i]]
@@ -174,41 +189,41 @@ class FrameBatch:
             self.cache,
             kv_len=max(s + n for s, n in zip(starts, lens, strict=True)),
             lengths=torch.tensor(lens, dtype=torch.long, device=dev),
-            rows=torch.tensor(list(slots), dtype=torch.long, device=dev),
+            rows=torch.tensor(list(batch_rows), dtype=torch.long, device=dev),
         )
         done = []
-        for i, (slot, r) in enumerate(zip(slots, rows, strict=True)):
+        for i, (b, r) in enumerate(zip(batch_rows, rows, strict=True)):
             assert r is not None
             r.prefilled += lens[i]
             if r.prefilled < r.n_rows:
                 continue
-            self.h[slot] = out[i, lens[i] - 1]
-            self.pos[slot] = r.n_rows
-            self.seen[slot] = False
-            self.frame_i[slot] = 0
-            self.valid[slot] = True
-            done.append(slot)
+            self.h[b] = out[i, lens[i] - 1]
+            self.pos[b] = r.n_rows
+            self.seen[b] = False
+            self.frame_i[b] = 0
+            self.valid[b] = True
+            done.append(b)
         return done
 
     # -- the step ---------------------------------------------------------------------------
 
     def active_span(self) -> int:
-        """1 + the highest slot whose prefill is done (0: nothing to step)."""
+        """1 + the highest batch row whose prefill is done (0: nothing to step)."""
         n = 0
-        for i, s in enumerate(self.slots):
+        for i, s in enumerate(self.rows):
             if s is not None and s.ready:
                 n = i + 1
         return n
 
     def prepare_step(self, n: int) -> tuple[StepShape, int]:
-        """Host work before a step over slots ``0..n-1``: each ready row's next text row
+        """Host work before a step over rows ``0..n-1``: each ready row's next text row
         and its seeded noise. Returns the step's static shape and the talker ``kv_len``."""
         k0 = kc = 0
         p0 = pc = False
         top = 1
         dev = self.model.device
         for i in range(n):
-            row = self.slots[i]
+            row = self.rows[i]
             if row is None or not row.ready:
                 continue
             self.text[i] = row.prep.text_row(row.frames)
@@ -224,7 +239,7 @@ class FrameBatch:
         return StepShape(k0, kc, p0, pc), top
 
     def step_body(self, n: int, sh: StepShape, kv_len: int, cp_len: int | None) -> None:
-        """One frame for slots ``0..n-1``: ``frame_codes`` then ``talker_step`` (no host reads).
+        """One frame for rows ``0..n-1``: ``frame_codes`` then ``talker_step`` (no host reads).
 
         ``kv_len`` bounds the talker keys read and ``cp_len`` (None: the natural 2..16)
         the predictor's; a CUDA graph passes both whole cache lengths.
@@ -233,7 +248,7 @@ class FrameBatch:
         self.talker_step(n, kv_len)
 
     def frame_codes(self, n: int, sh: StepShape, cp_len: int | None) -> None:
-        """Codebook 0 and the 15 predictor codes of slots ``0..n-1`` into ``self.codes[:n]``."""
+        """Codebook 0 and the 15 predictor codes of rows ``0..n-1`` into ``self.codes[:n]``."""
         m = self.model
         cp = m.cp
         h = self.h[:n]
@@ -265,7 +280,7 @@ class FrameBatch:
                 hid = cp.forward(xg, cpos, cpc, kv_len=g + 3 if cp_len is None else cp_len)[:, 0]
 
     def talker_step(self, n: int, kv_len: int) -> None:
-        """Codebook-0 history, then one talker step of slots ``0..n-1`` on this frame's codes."""
+        """Codebook-0 history, then one talker step of rows ``0..n-1`` on this frame's codes."""
         m = self.model
         valid = self.valid[:n]
         self.seen[:n].scatter_(1, self.codes[:n, :1], valid[:, None])
@@ -277,7 +292,7 @@ class FrameBatch:
         self.pos[:n] += valid.long()
 
     def step(self, n: int) -> npt.NDArray[np.int64]:
-        """Eager step over slots ``0..n-1``; the frames ``[n, 16]`` (host copy)."""
+        """Eager step over rows ``0..n-1``; the frames ``[n, 16]`` (host copy)."""
         shape, top = self.prepare_step(n)
         self.step_body(n, shape, top, None)
         return self.codes[:n].cpu().numpy().copy()

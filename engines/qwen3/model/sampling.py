@@ -14,12 +14,34 @@ temperature, top-k, top-p, draw; greedy rows take the argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from engines.qwen3.serving.request import ModeSynthesizeRequest
-
 Tensor = torch.Tensor
+
+
+class SamplingFields(Protocol):
+    """The sampling fields of a request (``ModeSynthesizeRequest``) that a batch row copies."""
+
+    @property
+    def greedy(self) -> bool: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def cp_greedy(self) -> bool: ...
+    @property
+    def subtalker_temperature(self) -> float: ...
+    @property
+    def subtalker_top_k(self) -> int: ...
+    @property
+    def subtalker_top_p(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +59,7 @@ class RowSampling:
     cp_top_p: float
 
     @classmethod
-    def of(cls, req: ModeSynthesizeRequest) -> RowSampling:
+    def of(cls, req: SamplingFields) -> RowSampling:
         return cls(
             greedy=req.greedy,
             temperature=float(req.temperature),

@@ -1,16 +1,16 @@
-"""``Qwen3TtsEngine``: text -> 16-code frames at 12.5 Hz (talker + code predictor).
+"""``FrameGenerator``: text -> 16-code frames at 12.5 Hz (talker + code predictor).
 
 Per frame (brief §3): talker logits -> repetition penalty over the codebook-0
 history -> EOS blocked for the first two frames -> ids 2048..3071 suppressed
 except EOS -> temperature/top-k/top-p (or argmax) -> 15 code-predictor steps
-on a fresh 17-slot cache -> next talker input = sum of the 16 code
+on a fresh 17-position cache -> next talker input = sum of the 16 code
 embeddings + the next trailing text row (or ``tts_pad``).
 
 Every request, alone or not, runs through the engine's one ``BatchScheduler``
 (``scheduler``): all active utterances share each talker and predictor step
 (``frame_batch``), on CUDA as captured graphs per batch-size bucket
-(``cuda_graphs``). Request checks live in ``checks``, prompt rendering in
-``prompting``, sampling in ``sampling``, speed measurement in ``speed``. The
+(``cuda_graphs``). Request checks live in ``request_checks``, prompt rendering in
+``prefill_render``, sampling in ``model.sampling``. The
 vocoder is not part of this module: ``iter_frames`` yields int64 ``[16]``
 frames as they are made, ``generate_codes`` returns them stacked,
 ``generate_batch`` runs many requests together.
@@ -37,14 +37,10 @@ from engines.qwen3.model.cuda_graphs import GraphSteps
 from engines.qwen3.model.frame_batch import PREFILL_CHUNK, FrameBatch
 from engines.qwen3.model.sampling import RowSampling
 from engines.qwen3.model.tts_model import TtsModel
+from engines.qwen3.modes import PresetSpeaker, QtsMode
 from engines.qwen3.serving.prefill_layout import PromptLayout
 from engines.qwen3.serving.prefill_render import PreparedPrompt, PromptRenderer
-from engines.qwen3.serving.request import (
-    ModeSynthesizeRequest,
-    PresetSpeaker,
-    QtsMode,
-    VoiceClonePrompt,
-)
+from engines.qwen3.serving.request import ModeSynthesizeRequest, VoiceClonePrompt
 from engines.qwen3.serving.request_checks import RequestChecks
 from engines.qwen3.serving.scheduler import BatchScheduler, FrameStream, Utterance
 from engines.qwen3.weights.gguf_loader import GgufBundle, load_weights, read_metadata
@@ -56,11 +52,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchOptions",
     "BatchResult",
+    "FrameGenerator",
     "ModeSynthesizeRequest",
     "PreparedPrompt",
     "PresetSpeaker",
     "QtsMode",
-    "Qwen3TtsEngine",
     "VoiceClonePrompt",
 ]
 
@@ -115,7 +111,7 @@ class BatchResult:
     error: str | None = None
 
 
-class Qwen3TtsEngine:
+class FrameGenerator:
     """One loaded Qwen3-TTS checkpoint (talker, code predictor, tokenizer) for one mode."""
 
     def __init__(
@@ -160,7 +156,7 @@ class Qwen3TtsEngine:
         dtype: str = "float32",
         num_threads: int | None = None,
         batching: BatchOptions | None = None,
-    ) -> Qwen3TtsEngine:
+    ) -> FrameGenerator:
         """Load the talker, code predictor and tokenizer GGUFs named by ``paths`` for ``mode``.
 
         When the talker metadata names a model type (``qwen3-tts.tts_model_type``) it must
@@ -206,7 +202,7 @@ class Qwen3TtsEngine:
     @classmethod
     def from_model_dir_for_mode(
         cls, model_dir: str | os.PathLike[str], mode: QtsMode | str, **kw: Any
-    ) -> Qwen3TtsEngine:
+    ) -> FrameGenerator:
         """Resolve the files of ``mode`` in ``model_dir`` (``ModeModelPaths``) and load them."""
         from engines.qwen3.weights.paths import ModeModelPaths
 
@@ -221,7 +217,7 @@ class Qwen3TtsEngine:
                 self._scheduler.close()
                 self._scheduler = None
 
-    # -- model facts (``checks``) -----------------------------------------------------------
+    # -- model facts (``request_checks``) ----------------------------------------------------
 
     def preset_speakers(self) -> list[PresetSpeaker]:
         """Presets whose codec id the checkpoint metadata defines."""

@@ -1,6 +1,6 @@
 """Prompt rendering: a checked request -> talker prefill rows and trailing text rows.
 
-``PromptRenderer.layout`` builds the symbolic dual-track prefill (``prompt.build_layout``,
+``PromptRenderer.layout`` builds the symbolic dual-track prefill (``prefill_layout.build_layout``,
 brief §2.3); ``render`` turns it into ``[L, H]`` rows (text projection + codec
 embeddings, summed where both tracks are present) and the trailing text rows
 fed one per frame.
@@ -15,8 +15,9 @@ import structlog
 import torch
 
 from engines.qwen3.model.tts_model import TtsModel
+from engines.qwen3.modes import QtsMode
 from engines.qwen3.serving.prefill_layout import IclPrompt, PromptLayout, build_layout
-from engines.qwen3.serving.request import ModeSynthesizeRequest, QtsMode
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 from engines.qwen3.serving.request_checks import RequestChecks
 from engines.qwen3.weights.text_tokenizer import TextTokenizer
 

@@ -9,7 +9,6 @@ checked by the engine when the request arrives.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 
@@ -17,84 +16,11 @@ import numpy as np
 import numpy.typing as npt
 
 from engines.qwen3.errors import RequestError
+from engines.qwen3.modes import PresetSpeaker, QtsMode
 
 #: Codebook-0 and code-predictor codes are in [0, CODEBOOK_SIZE).
 CODEBOOK_SIZE = 2048
 NUM_CODE_GROUPS = 16
-
-
-class QtsMode(enum.Enum):
-    """The checkpoint kind a request (and a loaded engine) is for."""
-
-    Base = "base"
-    CustomVoice = "customvoice"
-    VoiceDesign = "voicedesign"
-
-    def as_str(self) -> str:
-        """The slug used in file names: ``base``, ``customvoice`` or ``voicedesign``."""
-        return self.value
-
-    @property
-    def model_type(self) -> str:
-        """The official ``tts_model_type``: ``base``, ``custom_voice`` or ``voice_design``."""
-        return {"base": "base", "customvoice": "custom_voice", "voicedesign": "voice_design"}[
-            self.value
-        ]
-
-    @classmethod
-    def parse(cls, value: QtsMode | str) -> QtsMode:
-        """Accept a mode, its slug, its name or the official ``tts_model_type`` spelling."""
-        if isinstance(value, QtsMode):
-            return value
-        if isinstance(value, enum.Enum):
-            value = str(value.value)
-        if not isinstance(value, str):
-            raise RequestError(f"mode must be a string or QtsMode, got {type(value).__name__}")
-        key = value.strip().lower().replace("_", "").replace("-", "").replace(" ", "")
-        for m in cls:
-            if key == m.value:
-                return m
-        raise RequestError(
-            f"unknown mode {value!r}; expected one of base, customvoice, voicedesign"
-        )
-
-
-class PresetSpeaker(enum.Enum):
-    """The nine CustomVoice preset speakers. Their codec ids come from GGUF metadata."""
-
-    Vivian = "vivian"
-    Serena = "serena"
-    Uncle_Fu = "uncle_fu"
-    Dylan = "dylan"
-    Eric = "eric"
-    Ryan = "ryan"
-    Aiden = "aiden"
-    Ono_Anna = "ono_anna"
-    Sohee = "sohee"
-
-    def as_str(self) -> str:
-        """Lower-case metadata name, e.g. ``uncle_fu``."""
-        return self.value
-
-    @classmethod
-    def all(cls) -> tuple[PresetSpeaker, ...]:
-        return tuple(cls)
-
-    @classmethod
-    def parse(cls, value: PresetSpeaker | str) -> PresetSpeaker:
-        if isinstance(value, PresetSpeaker):
-            return value
-        key = str(value).strip().lower().replace("-", "_").replace(" ", "_")
-        for s in cls:
-            if key in (s.value, s.value.replace("_", "")):
-                return s
-        raise RequestError(
-            f"unknown preset speaker {value!r}; expected one of " + ", ".join(s.value for s in cls)
-        )
-
-
-#: Seed spelling: ``PresetSpeaker::ALL``.
-PRESET_SPEAKERS_ALL: tuple[PresetSpeaker, ...] = tuple(PresetSpeaker)
 
 
 @dataclass(frozen=True)
@@ -213,16 +139,17 @@ class ModeSynthesizeRequest:
             raise RequestError(f"max_frames must be an integer >= 1, got {self.max_frames!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise RequestError(f"seed must be an integer or None, got {self.seed!r}")
-        for name in ("temperature", "subtalker_temperature"):
-            v = getattr(self, name)
+        temperatures = (
+            ("temperature", self.temperature),
+            ("subtalker_temperature", self.subtalker_temperature),
+        )
+        for name, v in temperatures:
             if not _finite(v) or v <= 0:
                 raise RequestError(f"{name} must be > 0, got {v!r}")
-        for name in ("top_p", "subtalker_top_p"):
-            v = getattr(self, name)
+        for name, v in (("top_p", self.top_p), ("subtalker_top_p", self.subtalker_top_p)):
             if not _finite(v) or not 0.0 < v <= 1.0:
                 raise RequestError(f"{name} must be in (0, 1], got {v!r}")
-        for name in ("top_k", "subtalker_top_k"):
-            v = getattr(self, name)
+        for name, v in (("top_k", self.top_k), ("subtalker_top_k", self.subtalker_top_k)):
             if not isinstance(v, int) or v < 0:
                 raise RequestError(f"{name} must be an integer >= 0 (0 = off), got {v!r}")
         if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:

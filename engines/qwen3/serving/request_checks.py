@@ -12,7 +12,8 @@ import numpy.typing as npt
 
 from engines.qwen3.errors import RequestError
 from engines.qwen3.model.config import ModelMetadata
-from engines.qwen3.serving.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+from engines.qwen3.modes import PresetSpeaker, QtsMode
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 
 
 class RequestChecks:

@@ -1,16 +1,16 @@
 """``BatchScheduler``: one thread per engine that runs every active utterance as one batch.
 
 Rule 1: each iteration is (a) drop cancelled rows, (b) admit waiting utterances
-into free slots, most urgent first, (c) at most one prefill chunk of one
+into free batch rows, most urgent first, (c) at most one prefill chunk of one
 newcomer, (d) one batched frame step for every row whose prefill is done, (e)
 hand each row its frame, or finish it (EOS, frame cap). So a newcomer joins
 at the frame boundary after its prefill, a finished or cancelled row leaves at
-once (barge-in frees the slot within one frame), and a prefill delays the
+once (barge-in frees the row within one frame), and a prefill delays the
 others by at most one chunk. Rule 2: this file knows no models or sampling:
 ``FrameBatch`` does the maths; callers see a ``FrameStream`` per utterance.
 
 Admission is deadline-aware: beyond ``max_batch`` utterances wait, and when a
-slot frees, the waiting utterance whose call's playback has the least audio
+row frees, the waiting utterance whose call's playback has the least audio
 ahead (``urgency()``, seconds; lower is more urgent) goes first, ties in
 arrival order. Waits are counted and timed (``stats``).
 """
@@ -29,7 +29,7 @@ import structlog
 import torch
 
 from engines.qwen3.model.cuda_graphs import GraphSteps
-from engines.qwen3.model.frame_batch import PREFILL_CHUNK, FrameBatch, SlotRow
+from engines.qwen3.model.frame_batch import PREFILL_CHUNK, BatchRow, FrameBatch
 from engines.qwen3.model.sampling import RowSampling
 from engines.qwen3.serving.prefill_render import PreparedPrompt
 from engines.runtime.synth import SynthesisCancelled
@@ -70,7 +70,7 @@ class Utterance:
         }
     )
     abandoned: threading.Event = field(default_factory=threading.Event)
-    slot: int | None = None
+    row: int | None = None  # its batch row while admitted
     order: int = 0
 
     def is_cancelled(self) -> bool:
@@ -200,7 +200,7 @@ class BatchScheduler:
                 raise RuntimeError("qwen3 scheduler is closed")
             self._order += 1
             utt.order = self._order
-            if self.batch.free_slot() is None or self._waiting:
+            if self.batch.free_row() is None or self._waiting:
                 self._counters["queued"] += 1
             self._waiting.append(utt)
             self._ensure_thread()
@@ -265,12 +265,12 @@ class BatchScheduler:
         # chunk; with none decoding, pending prefills run to the end (nobody to delay).
         while self._prefilling:
             todo = list(self._prefilling)
-            slots = [u.slot for u in todo]
+            batch_rows = [u.row for u in todo]
             t0 = time.perf_counter()
             try:
-                assert all(s is not None for s in slots)
+                assert all(b is not None for b in batch_rows)
                 done = set(
-                    self.batch.prefill([s for s in slots if s is not None], self.prefill_chunk)
+                    self.batch.prefill([b for b in batch_rows if b is not None], self.prefill_chunk)
                 )
             except Exception as exc:
                 with self._cond:
@@ -282,9 +282,9 @@ class BatchScheduler:
             with self._cond:
                 for utt in todo:
                     utt.timings["prefill"] += ms
-                    if utt.slot in done:
+                    if utt.row in done:
                         self._prefilling.remove(utt)
-                        self._active[utt.slot] = utt
+                        self._active[utt.row] = utt
             if self._active:
                 break
         if self._active:
@@ -320,13 +320,13 @@ class BatchScheduler:
             c["graph_steps"] += 1
         eos = fb.eos
         with self._cond:
-            for slot, utt in list(self._active.items()):
+            for b, utt in list(self._active.items()):
                 tm = utt.timings
                 tm["code_predictor"] += (t1 - t0) * 1e3
                 tm["talker"] += (t2 - t1) * 1e3
-                row = fb.slots[slot]
+                row = fb.rows[b]
                 assert row is not None
-                frame = codes[slot]
+                frame = codes[b]
                 if frame[0] == eos:
                     self._finish(utt, None)
                     continue
@@ -349,8 +349,8 @@ class BatchScheduler:
     def _admit(self) -> None:
         fb = self.batch
         while self._waiting:
-            slot = fb.free_slot()
-            if slot is None:
+            b = fb.free_row()
+            if b is None:
                 return
             utt = min(self._waiting, key=lambda u: (u.ahead_s(), u.order))
             self._waiting.remove(utt)
@@ -365,17 +365,17 @@ class BatchScheduler:
                 gen.manual_seed(int(utt.seed))
             else:
                 gen.seed()
-            fb.occupy(slot, SlotRow(utt.prep, utt.sampling, gen, utt.max_frames))
-            utt.slot = slot
+            fb.occupy(b, BatchRow(utt.prep, utt.sampling, gen, utt.max_frames))
+            utt.row = b
             self._prefilling.append(utt)
 
     def _finish(self, utt: Utterance, error: BaseException | None) -> None:
-        if utt.slot is not None:
-            self.batch.release(utt.slot)
-            self._active.pop(utt.slot, None)
+        if utt.row is not None:
+            self.batch.release(utt.row)
+            self._active.pop(utt.row, None)
             if utt in self._prefilling:
                 self._prefilling.remove(utt)
-            utt.slot = None
+            utt.row = None
         if error is not None and not isinstance(error, SynthesisCancelled):
             self._counters["failed"] += 1
         utt.out.put(error if error is not None else _End())

@@ -1,6 +1,6 @@
 """``Qwen3Synthesizer``: the Qwen3-TTS engine behind the runtime's ``Synthesizer`` interface.
 
-Per utterance: the talker + code predictor (``Qwen3TtsEngine.iter_frames``)
+Per utterance: the talker + code predictor (``FrameGenerator.iter_frames``)
 produce one 16-code frame at a time (12.5 Hz); each frame goes straight into a
 ``StreamingDecoder`` (ONNX vocoder, small chunks with left context), and every
 completed chunk is yielded at once, so the first audio leaves after
@@ -26,23 +26,26 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 import structlog
 
 from engines.qwen3.errors import RequestError
-from engines.qwen3.serving.clone_voices import ClonePromptVoices
-from engines.qwen3.serving.request import (
-    ModeSynthesizeRequest,
+from engines.qwen3.modes import (
     PresetSpeaker,
     QtsMode,
-    VoiceClonePrompt,
+    mode_slug,
+    preset_names,
+    qts_mode,
+    speaker_name,
 )
+from engines.qwen3.serving.clone_voices import ClonePromptVoices
+from engines.qwen3.serving.request import ModeSynthesizeRequest, VoiceClonePrompt
 from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
 from engines.qwen3.serving.vocoder_batch import VocoderBatcher
-from engines.qwen3.weights.paths import ModelPathError, ModeModelPaths, mode_slug
+from engines.qwen3.weights.paths import ModelPathError, ModeModelPaths
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
@@ -55,6 +58,7 @@ from engines.runtime.synth import (
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 if TYPE_CHECKING:
+    from engines.qwen3.model.config import ModelMetadata
     from engines.qwen3.serving.frame_generator import BatchResult
 
 log = structlog.get_logger(__name__)
@@ -71,8 +75,9 @@ DEFAULT_LEFT_CONTEXT = 72
 STATS_CALLS = 16
 
 
-class FrameEngine(Protocol):
-    """What the synthesiser needs from ``Qwen3TtsEngine`` (tests script their own)."""
+@runtime_checkable
+class FrameSource(Protocol):
+    """What the synthesiser needs from a ``FrameGenerator`` (tests script their own)."""
 
     timings: dict[str, float]
 
@@ -90,8 +95,12 @@ class FrameEngine(Protocol):
     def preset_speakers(self) -> list[PresetSpeaker]: ...
 
 
-class BatchingEngine(FrameEngine, Protocol):
-    """A ``FrameEngine`` with the batch scheduler's extras (``Qwen3TtsEngine``)."""
+@runtime_checkable
+class BatchingFrameSource(FrameSource, Protocol):
+    """A ``FrameSource`` with the batch scheduler's extras (``FrameGenerator``).
+
+    Optional: checked once when the model loads (``Qwen3Synthesizer.batching``).
+    """
 
     def submit(
         self,
@@ -110,6 +119,17 @@ class BatchingEngine(FrameEngine, Protocol):
     ) -> list[BatchResult]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DescribedModel(Protocol):
+    """A frame source that tells the loaded checkpoint's facts (``FrameGenerator.meta``).
+
+    Optional: voice-clone prompts are checked against its size and width when it has them.
+    """
+
+    @property
+    def meta(self) -> ModelMetadata: ...
 
 
 @dataclass
@@ -166,14 +186,14 @@ class Qwen3Options:
         )
 
 
-EngineLoader = Callable[[ModeModelPaths, Qwen3Options], FrameEngine]
+GeneratorLoader = Callable[[ModeModelPaths, Qwen3Options], FrameSource]
 
 
-def _default_engine_loader(paths: ModeModelPaths, opts: Qwen3Options) -> FrameEngine:
+def _default_generator_loader(paths: ModeModelPaths, opts: Qwen3Options) -> FrameSource:
     import torch  # the model stack loads only here: option checks stay light
 
     from engines.qwen3.model.tts_model import resolve_device
-    from engines.qwen3.serving.frame_generator import BatchOptions, Qwen3TtsEngine
+    from engines.qwen3.serving.frame_generator import BatchOptions, FrameGenerator
 
     base = BatchOptions.for_device(resolve_device(opts.device))
     batching = BatchOptions(
@@ -182,14 +202,14 @@ def _default_engine_loader(paths: ModeModelPaths, opts: Qwen3Options) -> FrameEn
         cuda_graphs=base.cuda_graphs,
     )
     with torch.inference_mode():
-        return Qwen3TtsEngine.load_mode(
+        return FrameGenerator.load_mode(
             paths, _qts_mode(opts.mode), device=opts.device, dtype=opts.dtype, batching=batching
         )
 
 
 def _qts_mode(mode: str) -> QtsMode:
     try:
-        return QtsMode.parse(mode_slug(mode))
+        return qts_mode(mode)
     except RequestError as exc:
         raise SynthesisError(f"qwen3: {exc}") from exc
 
@@ -231,17 +251,18 @@ class Qwen3Synthesizer:
     name = "qwen3"
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, options: Qwen3Options, *, engine_loader: EngineLoader | None = None):
+    def __init__(self, options: Qwen3Options, *, generator_loader: GeneratorLoader | None = None):
         self.options = options
         self.mode = mode_slug(options.mode)  # validates early; cheap
         if options.chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {options.chunk_frames}")
         if not 1 <= options.max_frames <= MAX_FRAMES_CAP:
             raise ValueError(f"max_frames must be in 1..{MAX_FRAMES_CAP}, got {options.max_frames}")
-        self._engine_loader = engine_loader or _default_engine_loader
+        self._generator_loader = generator_loader or _default_generator_loader
         # markup filter, normaliser, lexicon (respellings only: the tokenizer reads text)
         self.text = TextFrontEnd(options.text, ipa=False, lang=options.language)
-        self.engine: FrameEngine | None = None
+        self.generator: FrameSource | None = None
+        self._batching: BatchingFrameSource | None = None  # the generator, when it batches
         self.vocoder: Vocoder | None = None
         self.paths: ModeModelPaths | None = None
         self._checked = False  # options checked against the request rules (load)
@@ -294,7 +315,7 @@ class Qwen3Synthesizer:
             self._ref_codes = _load_ref_codes(o.ref_codes)
         # Check the options against the request rules before the (slow) model load.
         self._checked = True
-        self._speakers = _all_preset_names() if self.mode == "customvoice" else []
+        self._speakers = preset_names() if self.mode == "customvoice" else []
         if self.mode != "customvoice" and o.speaker is not None:
             raise SynthesisError(f"qwen3: --speaker is only for customvoice, not {self.mode}")
         self.make_request("check", o.speaker)
@@ -305,20 +326,21 @@ class Qwen3Synthesizer:
             except VocoderError as exc:
                 raise SynthesisError(str(exc)) from exc
         try:
-            engine = self._engine_loader(paths, o)
+            generator = self._generator_loader(paths, o)
         except SynthesisError:
             raise
         except Exception as exc:
             raise SynthesisError(
                 f"qwen3: cannot load the model ({paths.describe()}): {exc}"
             ) from exc
-        engine_mode = getattr(engine, "mode", None)
-        if engine_mode is not None and mode_slug(engine_mode) != self.mode:
+        files_mode = mode_slug(generator.mode)
+        if files_mode != self.mode:
             raise SynthesisError(
-                f"qwen3: the model files are a {mode_slug(engine_mode)} checkpoint, not {self.mode}"
+                f"qwen3: the model files are a {files_mode} checkpoint, not {self.mode}"
             )
-        self.paths, self.vocoder, self.engine = paths, vocoder, engine
-        self._load_clone_prompts(engine)
+        self.paths, self.vocoder, self.generator = paths, vocoder, generator
+        self._batching = generator if isinstance(generator, BatchingFrameSource) else None
+        self._load_clone_prompts(generator)
         if vocoder is not None:
             self._batcher = VocoderBatcher(vocoder, active=lambda: self._speaking)
         self._speakers = self._preset_speakers()
@@ -343,8 +365,8 @@ class Qwen3Synthesizer:
         self._require_loaded()
         t0 = time.perf_counter()
         req = self.make_request(self.options.warm_up_text, self.default_voice, max_frames=4)
-        assert self.engine is not None
-        frames = list(self.engine.iter_frames(req))
+        assert self.generator is not None
+        frames = list(self.generator.iter_frames(req))
         if frames:
             assert self.vocoder is not None
             self.vocoder.decode(np.stack(frames))
@@ -354,32 +376,37 @@ class Qwen3Synthesizer:
         with self._lock:
             if self.vocoder is not None:
                 self.vocoder.close()
-            close = getattr(self.engine, "close", None)
-            if callable(close):
-                close()
-            self.engine = None
+            if self._batching is not None:
+                self._batching.close()
+            self.generator = None
+            self._batching = None
             self.vocoder = None
+
+    @property
+    def batching(self) -> BatchingFrameSource | None:
+        """The loaded generator when it runs the batch scheduler (checked at load), else None."""
+        return self._batching
 
     # -- voices ---------------------------------------------------------------------------
 
     def voices(self) -> list[str]:
         if self.mode == "customvoice":
-            return list(self._speakers) if self._speakers else _all_preset_names()
+            return list(self._speakers) if self._speakers else preset_names()
         return self._prompts.voices()
 
     # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE.
-    def _load_clone_prompts(self, engine: Any) -> None:
+    def _load_clone_prompts(self, generator: FrameSource) -> None:
         o = self.options
         if o.clone_prompt is None and o.clone_prompt_dir is None:
             return
         if self.mode != "base":
             raise SynthesisError(f"qwen3: --clone-prompt needs mode base, not {self.mode}")
-        meta = getattr(engine, "meta", None)
+        meta = generator.meta if isinstance(generator, DescribedModel) else None
         self._prompts.configure(
             o.clone_prompt,
             o.clone_prompt_dir,
-            model_size=getattr(meta, "model_size", None),
-            width=getattr(getattr(meta, "talker", None), "hidden_size", None),
+            model_size=meta.model_size if meta is not None else None,
+            width=meta.talker.hidden_size if meta is not None else None,
         )
 
     def reload_voices(self) -> list[str]:
@@ -404,11 +431,11 @@ class Qwen3Synthesizer:
 
     def _preset_speakers(self) -> list[str]:
         """Lower-case preset names the loaded model defines (engine metadata), else all presets."""
-        assert self.engine is not None
-        got = self.engine.preset_speakers()
+        assert self.generator is not None
+        got = self.generator.preset_speakers()
         if got:
-            return [_speaker_name(s) for s in got]
-        return _all_preset_names() if self.mode == "customvoice" else []
+            return [speaker_name(s) for s in got]
+        return preset_names() if self.mode == "customvoice" else []
 
     def _resolve_speaker(self, voice: str) -> PresetSpeaker:
         want = voice.strip().lower()
@@ -417,7 +444,7 @@ class Qwen3Synthesizer:
                 f"qwen3: unknown speaker {voice!r}; this model has {', '.join(self._speakers)}"
             )
         for p in PresetSpeaker:
-            if _speaker_name(p) == want:
+            if speaker_name(p) == want:
                 return p
         raise VoiceNotFound(f"qwen3: speaker {voice!r} is not a preset the engine knows")
 
@@ -531,15 +558,14 @@ class Qwen3Synthesizer:
         ahead: Callable[[], float],
         timings: dict[str, float],
     ) -> Iterator[npt.NDArray[np.int64]]:
-        eng = self.engine
+        eng = self.generator
         assert eng is not None
-        submit = getattr(eng, "submit", None)
-        if submit is None:  # a plain FrameEngine: no admission hints
+        if self._batching is None:  # a plain FrameSource: no admission hints
             it = eng.iter_frames(req, cancel=lambda: cancel.cancelled)
             yield from it
             timings.update(eng.timings)
             return
-        yield from submit(
+        yield from self._batching.submit(
             req, cancel=lambda: cancel.cancelled, urgency=ahead, on_end=timings.update
         )
 
@@ -562,7 +588,7 @@ class Qwen3Synthesizer:
         timings: dict[str, float] = {}
 
         def ahead() -> float:
-            pb = getattr(state, "playback", None)
+            pb = state.playback
             if pb is not None:
                 try:
                     return float(pb.ahead_s())
@@ -682,9 +708,8 @@ class Qwen3Synthesizer:
             if self._batcher is not None:
                 out["vocoder_runs"] = float(self._batcher.runs)
                 out["vocoder_windows"] = float(self._batcher.windows)
-        batch_stats = getattr(self.engine, "batch_stats", None)
-        if callable(batch_stats):
-            out.update({f"batch_{k}": float(v) for k, v in batch_stats().items()})
+        if self._batching is not None:
+            out.update({f"batch_{k}": float(v) for k, v in self._batching.batch_stats().items()})
         return out
 
     def status_suffix(self) -> str:
@@ -699,24 +724,8 @@ class Qwen3Synthesizer:
         return self.text.reload_lexicon()
 
     def _require_loaded(self) -> None:
-        if self.engine is None or self.vocoder is None:
+        if self.generator is None or self.vocoder is None:
             raise SynthesisError("qwen3: model not loaded (call load() first)")
-
-
-def _speaker_name(s: object) -> str:
-    if isinstance(s, str):
-        return s.lower()
-    as_str = getattr(s, "as_str", None)
-    if callable(as_str):
-        return str(as_str()).lower()
-    value = getattr(s, "value", None)
-    if isinstance(value, str):
-        return value.lower()
-    return str(getattr(s, "name", s)).lower()
-
-
-def _all_preset_names() -> list[str]:
-    return [p.as_str() for p in PresetSpeaker]
 
 
 def _load_ref_codes(path: Path) -> np.ndarray:
@@ -751,8 +760,8 @@ def _load_embedding(path: Path) -> np.ndarray:
 __all__ = [
     "DEFAULT_VOICE",
     "SAMPLES_PER_FRAME",
-    "BatchingEngine",
-    "FrameEngine",
+    "BatchingFrameSource",
+    "FrameSource",
     "Qwen3Options",
     "Qwen3Synthesizer",
 ]

@@ -32,6 +32,7 @@ from engines.qwen3.model.config import (
     TextIds,
     TtsWeights,
 )
+from engines.qwen3.modes import model_type_or_none, size_or_none
 from engines.qwen3.weights import gguf_keys as keys
 
 F32Array = npt.NDArray[np.float32]
@@ -68,14 +69,6 @@ PROJECTION_PREFIXES = (
 DEFAULT_CODEC_IDS = {f"{k.field}_id": k.default for k in keys.CODEC.keys}
 DEFAULT_TEXT_IDS = {f"{k.field}_id": k.default for k in keys.TEXT.keys}
 
-_SIZE_ALIASES = {"0.6b": "0.6b", "0b6": "0.6b", "1.7b": "1.7b", "1b7": "1.7b"}
-_TYPE_ALIASES = {
-    "base": "base",
-    "custom_voice": "custom_voice",
-    "customvoice": "custom_voice",
-    "voice_design": "voice_design",
-    "voicedesign": "voice_design",
-}
 _FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
 
 
@@ -421,14 +414,14 @@ def read_metadata(bundle: GgufBundle) -> ModelMetadata:
     msize = tget(*keys.MODEL_SIZE_KEYS)
     model_type = None
     if isinstance(mtype, str) and mtype:
-        model_type = _TYPE_ALIASES.get(mtype.strip().lower().replace("-", "_"))
+        model_type = model_type_or_none(mtype.strip().lower().replace("-", "_"))
         if model_type is None:
             raise GgufError(
                 tpath, f"unknown {NS}tts_model_type {mtype!r} (base, custom_voice, voice_design)"
             )
     model_size = None
     if isinstance(msize, str) and msize:
-        model_size = _SIZE_ALIASES.get(msize.strip().lower())
+        model_size = size_or_none(msize.strip().lower())
         if model_size is None:
             raise GgufError(tpath, f"unknown {NS}tts_model_size {msize!r} (0.6b or 1.7b)")
     return ModelMetadata(

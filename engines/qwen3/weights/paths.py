@@ -24,30 +24,19 @@ This module imports nothing heavy (no torch, numpy or gguf).
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-#: Mode slugs as they appear in file names.
-MODES: Final[tuple[str, ...]] = ("base", "customvoice", "voicedesign")
-#: Model sizes, in resolution order (1.7b first).
-SIZES: Final[tuple[str, ...]] = ("1.7b", "0.6b")
+from engines.qwen3.modes import SIZES, mode_slug, size_slug
+
 #: Talker / code-predictor quantisations, in preference order.
 QUANTS: Final[tuple[str, ...]] = ("f16", "f32", "bf16", "q8_0", "q6_k", "q5_k", "q4_k")
 VOCODER_FILE: Final[str] = "qwen3-tts-vocoder.onnx"
 
 _GGUF_MAGIC: Final[bytes] = b"GGUF"
-
-_MODE_ALIASES: Final[dict[str, str]] = {
-    "base": "base",
-    "customvoice": "customvoice",
-    "custom": "customvoice",
-    "voicedesign": "voicedesign",
-    "design": "voicedesign",
-}
 
 StrPath = str | os.PathLike[str]
 
@@ -62,41 +51,9 @@ class ModelPathError(Exception):
         super().__init__(f"qwen3 {role} file {str(path)!r}: {reason}")
 
 
-def mode_slug(mode: object) -> str:
-    """Return the file-name slug (``base``/``customvoice``/``voicedesign``) of ``mode``.
-
-    Accepts the slugs, the official ``tts_model_type`` spellings
-    (``custom_voice``, ``voice_design``), any case, and enums whose value or
-    name is one of those (so ``QtsMode.CustomVoice`` works without importing it).
-    """
-    candidates: list[str] = []
-    if isinstance(mode, str):
-        candidates.append(mode)
-    elif isinstance(mode, enum.Enum):
-        if isinstance(mode.value, str):
-            candidates.append(mode.value)
-        candidates.append(mode.name)
-    else:
-        raise ValueError(f"qwen3 mode must be a string or enum, got {type(mode).__name__}")
-    for cand in candidates:
-        key = cand.strip().lower().replace("_", "").replace("-", "").replace(" ", "")
-        if key in _MODE_ALIASES:
-            return _MODE_ALIASES[key]
-    shown = candidates[0] if candidates else repr(mode)
-    raise ValueError(f"unknown qwen3 mode {shown!r}; expected one of {', '.join(MODES)}")
-
-
-def _norm_size(size: str) -> str:
-    key = size.strip().lower().replace("_", ".")
-    aliases = {"1.7b": "1.7b", "1b7": "1.7b", "0.6b": "0.6b", "0b6": "0.6b"}
-    if key not in aliases:
-        raise ValueError(f"unknown qwen3 model size {size!r}; expected 1.7b or 0.6b")
-    return aliases[key]
-
-
 def split_file_names(mode: object, size: str = "1.7b", quant: str = "f16") -> dict[str, str]:
     """The split file names for one mode/size/quant (what the converter writes)."""
-    m, s = mode_slug(mode), _norm_size(size)
+    m, s = mode_slug(mode), size_slug(size)
     q = quant.lower()
     if q not in QUANTS:
         raise ValueError(f"unknown quantisation {quant!r}; expected one of {', '.join(QUANTS)}")
@@ -114,7 +71,7 @@ def bundled_file_name(mode: object, size: str = "1.7b", quant: str = "f16") -> s
     q = quant.lower()
     if q not in QUANTS:
         raise ValueError(f"unknown quantisation {quant!r}; expected one of {', '.join(QUANTS)}")
-    return f"qwen3-tts-{_norm_size(size)}-{mode_slug(mode)}-{q}.gguf"
+    return f"qwen3-tts-{size_slug(size)}-{mode_slug(mode)}-{q}.gguf"
 
 
 def _first_file(d: Path, names: Iterable[str]) -> Path | None:
@@ -135,8 +92,13 @@ class ModeModelPaths:
     vocoder_onnx: Path
 
     def __post_init__(self) -> None:
-        for name in ("talker_gguf", "code_predictor_gguf", "tokenizer_gguf", "vocoder_onnx"):
-            value = getattr(self, name)
+        given = {
+            "talker_gguf": self.talker_gguf,
+            "code_predictor_gguf": self.code_predictor_gguf,
+            "tokenizer_gguf": self.tokenizer_gguf,
+            "vocoder_onnx": self.vocoder_onnx,
+        }
+        for name, value in given.items():
             if not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
 
@@ -159,7 +121,7 @@ class ModeModelPaths:
         """
         d = Path(model_dir).expanduser()
         m = mode_slug(mode)
-        sizes = (_norm_size(size),) if size is not None else SIZES
+        sizes = (size_slug(size),) if size is not None else SIZES
         chosen = sizes[0]
         for s in sizes:
             if _first_file(d, _talker_candidates(m, s)) is not None:
