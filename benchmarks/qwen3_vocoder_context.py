@@ -2,7 +2,7 @@
 
 The engine decodes codec frames in small chunks (``--chunk-frames``, default
 4), each with ``left_context`` earlier frames prepended whose samples are
-dropped (engines/qwen3/vocoder.py ``StreamingDecoder``). The decoder's
+dropped (engines/qwen3/serving/vocoder.py ``StreamingDecoder``). The decoder's
 transformer attends 72 frames back per layer, so a finite context is
 near-exact, not exact. This script builds a codec decoder with the real
 transformer shape (8 layers, hidden 512, window 72) and a narrow conv stack,

@@ -1,4 +1,4 @@
-"""Resolution of Qwen3-TTS model file names (engines/qwen3/paths.py)."""
+"""Resolution of Qwen3-TTS model file names (engines/qwen3/weights/paths.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ONNX vocoder wrapper and streaming decoder (engines/qwen3/vocoder.py)."""
+"""The ONNX vocoder wrapper and streaming decoder (engines/qwen3/serving/vocoder.py)."""
 
 from __future__ import annotations
 
