@@ -168,7 +168,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     synth.load(need_vocoder=False)
     print(f"load: {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    batching = synth.batching
+    batching = synth.batching_generator
     if batching is None:
         raise SynthesisError("qwen3: this engine cannot decode batches")
     reqs: list[tuple[str, ModeSynthesizeRequest]] = []

@@ -99,7 +99,7 @@ class FrameSource(Protocol):
 class BatchingFrameSource(FrameSource, Protocol):
     """A ``FrameSource`` with the batch scheduler's extras (``FrameGenerator``).
 
-    Optional: checked once when the model loads (``Qwen3Synthesizer.batching``).
+    Optional: checked once when the model loads (``Qwen3Synthesizer.batching_generator``).
     """
 
     def submit(
@@ -383,7 +383,7 @@ class Qwen3Synthesizer:
             self.vocoder = None
 
     @property
-    def batching(self) -> BatchingFrameSource | None:
+    def batching_generator(self) -> BatchingFrameSource | None:
         """The loaded generator when it runs the batch scheduler (checked at load), else None."""
         return self._batching
 
