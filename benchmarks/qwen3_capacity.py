@@ -88,7 +88,8 @@ class _Playout:
 
 
 def _request(i: int, k: int, frames: int) -> Any:
-    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+    from engines.qwen3.modes import PresetSpeaker
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
 
     return ModeSynthesizeRequest(
         text=SENTENCES[(i + k) % len(SENTENCES)],
@@ -194,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-    from engines.qwen3.paths import ModeModelPaths
-    from engines.qwen3.request import QtsMode
+    from engines.qwen3.modes import QtsMode
+    from engines.qwen3.serving.frame_generator import BatchOptions, FrameGenerator
+    from engines.qwen3.weights.paths import ModeModelPaths
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_context=a.frames + 96,
                 cuda_graphs=a.device == "cuda" and not a.no_graphs,
             )
-            eng = Qwen3TtsEngine.load_mode(
+            eng = FrameGenerator.load_mode(
                 paths, QtsMode.CustomVoice, device=a.device, dtype=a.dtype, batching=batching
             )
             eng.generate_codes(_request(0, 0, 4))  # warm-up (and graph capture of bucket 1)

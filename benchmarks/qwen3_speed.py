@@ -46,6 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "tests") not in sys.path:  # the tiny test vocoder (tests/qwen3_vocoder_fixture.py)
+    sys.path.insert(1, str(ROOT / "tests"))
 
 EOS_ID = 2150
 TEXT_VOCAB = 151936
@@ -136,7 +138,7 @@ def write_random_model(
     """Write a bundled ``qwen3-tts-{size}-{mode}-f16.gguf`` with random weights; return it."""
     import gguf
 
-    from engines.qwen3.paths import bundled_file_name
+    from engines.qwen3.weights.paths import bundled_file_name
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / bundled_file_name(mode, shape.size, "f16")
@@ -309,9 +311,10 @@ def run_engine(
 ) -> dict[str, Any]:
     import torch
 
-    from engines.qwen3.engine import Qwen3TtsEngine
-    from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths
-    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+    from engines.qwen3.modes import PresetSpeaker, QtsMode
+    from engines.qwen3.serving.frame_generator import FrameGenerator
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
+    from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths
 
     torch.set_flush_denormal(True)
     mdir = work / shape.name
@@ -320,17 +323,17 @@ def run_engine(
     gen_s = time.perf_counter() - t0
     voc_path = vocoder_onnx
     if voc_path is None and _have("onnx") and _have("onnxruntime"):
-        from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+        from qwen3_vocoder_fixture import export_tiny_vocoder
 
         voc_path = export_tiny_vocoder(mdir / VOCODER_FILE)
     paths = ModeModelPaths.from_files(gguf_path, vocoder_onnx=voc_path or mdir / VOCODER_FILE)
     t1 = time.perf_counter()
     qmode = QtsMode.parse(mode)
-    engine = Qwen3TtsEngine.load_mode(paths, qmode, device=device, dtype=dtype)
+    engine = FrameGenerator.load_mode(paths, qmode, device=device, dtype=dtype)
     load_s = time.perf_counter() - t1
     vocoder = None
     if voc_path is not None:
-        from engines.qwen3.vocoder import Vocoder
+        from engines.qwen3.serving.vocoder import Vocoder
 
         vocoder = Vocoder(voc_path, device=device)
     else:
@@ -583,14 +586,15 @@ def run_compare(
     """
     import torch
 
-    from engines.qwen3.engine import Qwen3TtsEngine
-    from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths
-    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode
+    from engines.qwen3.modes import PresetSpeaker, QtsMode
+    from engines.qwen3.serving.frame_generator import FrameGenerator
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
+    from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths
 
     threads = torch.get_num_threads()
     gguf_path = write_random_model(work / shape.name, shape)
     paths = ModeModelPaths.from_files(gguf_path, vocoder_onnx=work / shape.name / VOCODER_FILE)
-    engine = Qwen3TtsEngine.load_mode(paths, QtsMode.CustomVoice, device=device, dtype=dtype)
+    engine = FrameGenerator.load_mode(paths, QtsMode.CustomVoice, device=device, dtype=dtype)
     ours_threads = torch.get_num_threads()
     torch.set_num_threads(threads)  # the official model keeps the process default
     official, _ = build_official(shape, device=device, dtype=dtype)

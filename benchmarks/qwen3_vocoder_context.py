@@ -2,7 +2,7 @@
 
 The engine decodes codec frames in small chunks (``--chunk-frames``, default
 4), each with ``left_context`` earlier frames prepended whose samples are
-dropped (engines/qwen3/vocoder.py ``StreamingDecoder``). The decoder's
+dropped (engines/qwen3/serving/vocoder.py ``StreamingDecoder``). The decoder's
 transformer attends 72 frames back per layer, so a finite context is
 near-exact, not exact. This script builds a codec decoder with the real
 transformer shape (8 layers, hidden 512, window 72) and a narrow conv stack,
@@ -62,7 +62,7 @@ def build(tmp: Path, layers: int, hidden: int, init: str, seed: int) -> Path:
     import qwen3_codec_helpers as ch
     from safetensors.numpy import save_file
 
-    from engines.qwen3.codec_export import export_vocoder
+    from engines.qwen3.conversion.onnx_export import export_vocoder
 
     dec = dict(ch.TINY_DECODER)
     dec.update(
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    from engines.qwen3.codec_export import snr_db
-    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.conversion.onnx_export import snr_db
+    from engines.qwen3.serving.vocoder import Vocoder
 
     print(f"loadavg: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     with tempfile.TemporaryDirectory() as td:

@@ -132,7 +132,7 @@ def codec_value(name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 def decoder_arrays(decoder: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """``decoder.*`` tensors (official names) plus the quantizer input projections."""
-    from engines.qwen3.codec_torch import CodecDecoder, DecoderConfig
+    from engines.qwen3.conversion.codec_decoder import CodecDecoder, DecoderConfig
 
     dc = dict(decoder or TINY_DECODER)
     model = CodecDecoder(DecoderConfig.from_dict(dc))
@@ -152,7 +152,7 @@ def _layer_index(name: str) -> tuple[int, str]:
 
 def encoder_arrays() -> dict[str, np.ndarray]:
     """``encoder.*`` tensors (official Mimi names) of the tiny codec encoder."""
-    from engines.qwen3.codec_encoder import CodecEncoder, EncoderConfig
+    from engines.qwen3.conversion.codec_encoder import CodecEncoder, EncoderConfig
 
     model = CodecEncoder(EncoderConfig.from_dict(TINY_ENCODER))
     out = {}
@@ -166,7 +166,7 @@ def encoder_arrays() -> dict[str, np.ndarray]:
 
 
 def speaker_arrays(enc_dim: int, spk: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-    from engines.qwen3.speaker_encoder import SpeakerEncoderConfig, build_speaker_encoder
+    from engines.qwen3.conversion.speaker_encoder import SpeakerEncoderConfig, build_speaker_encoder
 
     cfg = dict(spk or TINY_SPEAKER)
     cfg["enc_dim"] = enc_dim

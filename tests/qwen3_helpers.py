@@ -393,8 +393,8 @@ def ref_codes(n_frames: int, name: str = "ref_code") -> np.ndarray:
 
 def convert_checkpoint(hf_dir: Path, out_dir: Path, *, dtype: str = "f32", bundled: bool = False):
     """Run our converter; returns ``ModeModelPaths`` of the result (vocoder path unused)."""
-    from engines.qwen3.convert import convert
-    from engines.qwen3.paths import ModeModelPaths
+    from engines.qwen3.conversion.gguf_convert import convert
+    from engines.qwen3.weights.paths import ModeModelPaths
 
     files = convert(hf_dir, out_dir, dtype=dtype, bundled=bundled)
     return ModeModelPaths(
@@ -453,8 +453,8 @@ def build_tiny_engine(
     config_overrides: dict[str, Any] | None = None,
     **cfg_kw: Any,
 ):
-    """Checkpoint -> our converter -> ``Qwen3TtsEngine`` (small text width for speed)."""
-    from engines.qwen3.engine import Qwen3TtsEngine
+    """Checkpoint -> our converter -> ``FrameGenerator`` (small text width for speed)."""
+    from engines.qwen3.serving.frame_generator import FrameGenerator
 
     cfg_kw.setdefault("text_hidden", 8)
     cfg = tiny_config(kind, **cfg_kw)
@@ -464,4 +464,4 @@ def build_tiny_engine(
     hf = write_checkpoint(root / f"{kind}-hf", cfg)
     paths = convert_checkpoint(hf, root / f"{kind}-gguf", dtype=dtype, bundled=bundled)
     mode = {"custom_voice": "customvoice", "voice_design": "voicedesign", "base": "base"}[kind]
-    return Qwen3TtsEngine.load_mode(paths, mode), paths, cfg
+    return FrameGenerator.load_mode(paths, mode), paths, cfg

@@ -14,8 +14,8 @@ import pytest
 
 from engines.kokoro import cli as kokoro_cli
 from engines.kokoro.models import DEFAULT_VOICE
-from engines.qwen3 import cli as qwen3_cli
-from engines.qwen3 import synth_cli as qwen3_synth_cli
+from engines.qwen3.cli import dock as qwen3_cli
+from engines.qwen3.cli import synth as qwen3_synth_cli
 from engines.runtime.cli import common_parser, run_engine
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -53,8 +53,9 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("gguf")
     qh = pytest.importorskip("qwen3_helpers")
-    from engines.qwen3.paths import VOCODER_FILE
-    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+    from qwen3_vocoder_fixture import export_tiny_vocoder
+
+    from engines.qwen3.weights.paths import VOCODER_FILE
 
     d = tmp_path_factory.mktemp("e2e-qwen3")
     hf = qh.write_checkpoint(d / "hf", qh.tiny_config("custom_voice", text_hidden=8))

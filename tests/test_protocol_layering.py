@@ -180,6 +180,17 @@ def test_qwen3_never_imports_kokoro() -> None:
     assert violations("engines/qwen3", ("engines.kokoro",)) == []
 
 
+def test_qwen3_model_knows_no_requests_files_or_commands() -> None:
+    assert len(sources("engines/qwen3/model")) >= 5
+    forbidden = tuple(f"engines.qwen3.{p}" for p in ("serving", "weights", "conversion", "cli"))
+    assert violations("engines/qwen3/model", forbidden) == []
+
+
+def test_engines_ship_no_test_support() -> None:
+    test_support = ("tests", "qwen3_vocoder_fixture", "qwen3_measure", "qwen3_helpers")
+    assert violations("engines", test_support) == []
+
+
 def test_every_file_parses() -> None:
     for package in OURS:
         for path in sources(package):

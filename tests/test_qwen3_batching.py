@@ -21,9 +21,10 @@ import qwen3_helpers as qh
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.qwen3.batch_file import MAX_LINE_BYTES, BatchLine, BatchLineError, parse_batch
-from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+from engines.qwen3.cli.batch_file import MAX_LINE_BYTES, BatchLine, BatchLineError, parse_batch
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.frame_generator import BatchOptions, FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 from engines.runtime.synth import SynthesisCancelled
 
 # -- batch files ---------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_batch_line_round_trip(name: str, text: str, ns: bool, mf: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory: pytest.TempPathFactory) -> Qwen3TtsEngine:
+def eng(tmp_path_factory: pytest.TempPathFactory) -> FrameGenerator:
     e = qh.build_tiny_engine(tmp_path_factory.mktemp("batch"), hidden=64, cp_hidden=32)[0]
     e.batching = BatchOptions(max_batch=8, max_context=128)  # before the first request
     return e
@@ -100,7 +101,7 @@ def _req(**kw: Any) -> ModeSynthesizeRequest:
     return ModeSynthesizeRequest(**base)
 
 
-def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: Qwen3TtsEngine) -> None:
+def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: FrameGenerator) -> None:
     reqs = [
         ("s1", _req(seed=1)),
         ("s2", _req(seed=2, text="Another sentence here.", top_k=7, subtalker_top_k=100)),
@@ -116,8 +117,8 @@ def test_seeded_rows_give_the_same_codes_alone_and_batched(eng: Qwen3TtsEngine) 
     assert not np.array_equal(alone["s1"], eng.generate_codes(_req(seed=9))[0])
 
 
-def test_beyond_max_batch_the_most_urgent_waits_least(eng: Qwen3TtsEngine) -> None:
-    e = Qwen3TtsEngine(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=1))
+def test_beyond_max_batch_the_most_urgent_waits_least(eng: FrameGenerator) -> None:
+    e = FrameGenerator(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=1))
     hold = threading.Event()
     first = e.submit(_req(greedy=True, max_frames=90), name="first", cancel=hold.is_set)
     next(first)  # "first" holds the only row until ``hold`` is set
@@ -149,8 +150,8 @@ def test_beyond_max_batch_the_most_urgent_waits_least(eng: Qwen3TtsEngine) -> No
     e.close()
 
 
-def test_batch_over_max_batch_reports_the_excess(eng: Qwen3TtsEngine) -> None:
-    e = Qwen3TtsEngine(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=2))
+def test_batch_over_max_batch_reports_the_excess(eng: FrameGenerator) -> None:
+    e = FrameGenerator(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=2))
     res = e.generate_batch([(n, _req(greedy=True, max_frames=3)) for n in ("a", "b", "c")])
     assert [r.error is None for r in res] == [True, True, False]
     assert res[2].error is not None and "c" in res[2].error and "max_batch=2" in res[2].error
@@ -172,7 +173,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synth_cli_batch_writes_codes_equal_to_single_runs(
     tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     lines = [
         {"name": "one", "text": "Hello world.", "speaker": "ryan", "max_frames": 8},
@@ -213,7 +214,7 @@ def test_synth_cli_batch_writes_codes_equal_to_single_runs(
 
 
 def test_synth_cli_batch_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     jsonl = tmp_path / "r.jsonl"
     jsonl.write_text('{"name": "a", "text": "x"}\n')
@@ -228,10 +229,11 @@ def test_synth_cli_batch_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from engines.qwen3.paths import VOCODER_FILE
-    from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
-    from engines.qwen3.vocoder import SAMPLES_PER_FRAME
-    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+    from qwen3_vocoder_fixture import export_tiny_vocoder
+
+    from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
+    from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
+    from engines.qwen3.weights.paths import VOCODER_FILE
     from engines.runtime.synth import CallState, CancelToken
 
     export_tiny_vocoder(tiny_dir / VOCODER_FILE)
@@ -276,7 +278,7 @@ def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Pa
 
 
 def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engines.qwen3 import cli
+    from engines.qwen3.cli import dock as cli
 
     monkeypatch.delenv("TTSDOCK_MAX_CONCURRENT", raising=False)
     args = cli.build_parser().parse_args(["--model-dir", "m", "--max-batch", "8"])
@@ -289,9 +291,10 @@ def test_engine_cli_does_not_serialise_qwen3_calls(monkeypatch: pytest.MonkeyPat
 
 def test_vocoder_batcher_decodes_concurrent_windows_in_one_run(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from engines.qwen3.vocoder import Vocoder
-    from engines.qwen3.vocoder_batch import VocoderBatcher
-    from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+    from qwen3_vocoder_fixture import export_tiny_vocoder
+
+    from engines.qwen3.serving.vocoder import Vocoder
+    from engines.qwen3.serving.vocoder_batch import VocoderBatcher
 
     voc = Vocoder(export_tiny_vocoder(tmp_path / "v.onnx"))
     rng = np.random.default_rng(0)

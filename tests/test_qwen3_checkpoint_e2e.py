@@ -56,7 +56,7 @@ def base_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     text = ttsdock("qwen3-convert", "--hf-dir", str(hf), "--out", str(out), "--dtype", "f16")
     assert "vocoder: ONNX vs torch" in text and "codec encoder" in text, text
     wav = root / "ref.wav"
-    from engines.qwen3.clone_prompt import resample
+    from engines.qwen3.serving.clone_prompt import resample
 
     audio16k = resample(ch.test_audio(3.0), 24000, 16000)  # 16 kHz stereo, back to 24 kHz
     wav.write_bytes(wav_bytes(audio16k, 16000, channels=2))

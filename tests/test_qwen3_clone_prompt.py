@@ -13,7 +13,7 @@ import qwen3_codec_helpers as ch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.qwen3.clone_prompt import (
+from engines.qwen3.serving.clone_prompt import (
     ClonePrompt,
     ClonePromptError,
     ClonePromptWarning,
@@ -155,7 +155,7 @@ def test_bad_prompt_files(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     pytest.importorskip("torch")
-    from engines.qwen3.convert import main
+    from engines.qwen3.cli.convert import main
 
     root = tmp_path_factory.mktemp("clone")
     hf, _ = ch.write_full_checkpoint(root / "hf", "base")
@@ -167,7 +167,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_prompt_matches_official(converted: tuple[Path, Path], tmp_path: Path) -> None:
     """x-vector and reference codes vs the official extract_speaker_embedding and
     Qwen3TTSTokenizerV2Model.encode (what create_voice_clone_prompt calls) on the same audio."""
-    from engines.qwen3.clone_cli import main
+    from engines.qwen3.cli.clone import main
 
     with np.load(ch.GOLDEN_CODEC / "golden.npz") as z:
         golden = {k: z[k] for k in z.files}
@@ -189,7 +189,7 @@ def test_prompt_matches_official(converted: tuple[Path, Path], tmp_path: Path) -
 def test_odd_length_differs_only_in_last_frame(
     converted: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from engines.qwen3.clone_cli import main
+    from engines.qwen3.cli.clone import main
 
     with np.load(ch.GOLDEN_CODEC / "golden.npz") as z:
         ref = z["codes_ref_odd"]
@@ -204,7 +204,7 @@ def test_odd_length_differs_only_in_last_frame(
 
 
 def test_cli_errors(converted: tuple[Path, Path], tmp_path: Path, capsys) -> None:
-    from engines.qwen3.clone_cli import main
+    from engines.qwen3.cli.clone import main
 
     _, models = converted
     wav = tmp_path / "r.wav"
@@ -230,8 +230,8 @@ def test_cli_errors(converted: tuple[Path, Path], tmp_path: Path, capsys) -> Non
 
 
 def test_synthesizer_voices_and_size_refusal(converted: tuple[Path, Path], tmp_path: Path) -> None:
-    from engines.qwen3.clone_cli import main
-    from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
+    from engines.qwen3.cli.clone import main
+    from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
     from engines.runtime.synth import CallState, CancelToken, SynthesisError
 
     _, models = converted
@@ -309,8 +309,8 @@ async def test_cmd_port_call_voice_commands() -> None:
 
 
 def test_synth_cli_with_clone_prompt(converted: tuple[Path, Path], tmp_path: Path, capsys) -> None:
-    from engines.qwen3.clone_cli import main as clone
-    from engines.qwen3.synth_cli import main as synth
+    from engines.qwen3.cli.clone import main as clone
+    from engines.qwen3.cli.synth import main as synth
 
     _, models = converted
     wav = tmp_path / "r.wav"

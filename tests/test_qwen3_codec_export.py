@@ -20,8 +20,8 @@ def base_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_convert_writes_vocoder_and_encoders(base_hf: Path, tmp_path: Path, capsys) -> None:
-    from engines.qwen3.convert import main
-    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.cli.convert import main
+    from engines.qwen3.serving.vocoder import Vocoder
 
     out = tmp_path / "out"
     assert main(["--hf-dir", str(base_hf), "--out", str(out), "--dtype", "f32"]) == 0
@@ -44,7 +44,7 @@ def test_convert_writes_vocoder_and_encoders(base_hf: Path, tmp_path: Path, caps
 
 
 def test_vocoder_only(base_hf: Path, tmp_path: Path, capsys) -> None:
-    from engines.qwen3.convert import main
+    from engines.qwen3.cli.convert import main
 
     out = tmp_path / "v"
     assert main(["--hf-dir", str(base_hf), "--out", str(out), "--vocoder-only"]) == 0
@@ -52,7 +52,7 @@ def test_vocoder_only(base_hf: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_checkpoint_without_codec_says_so(tmp_path: Path, capsys) -> None:
-    from engines.qwen3.convert import main
+    from engines.qwen3.cli.convert import main
 
     hf, _ = ch.write_full_checkpoint(tmp_path / "cv", "custom_voice", with_codec=False)
     out = tmp_path / "out"
@@ -66,7 +66,7 @@ def test_checkpoint_without_codec_says_so(tmp_path: Path, capsys) -> None:
 
 
 def test_broken_codec_is_a_clear_error(base_hf: Path, tmp_path: Path, capsys) -> None:
-    from engines.qwen3.convert import main
+    from engines.qwen3.cli.convert import main
 
     hf, _ = ch.write_full_checkpoint(tmp_path / "b", "base")
     st = hf / "speech_tokenizer"

@@ -39,7 +39,7 @@ def about() -> dict:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.qwen3.codec_export import export_vocoder
+    from engines.qwen3.conversion.onnx_export import export_vocoder
 
     root = tmp_path_factory.mktemp("codec")
     st = ch.write_speech_tokenizer(root / "speech_tokenizer")
@@ -50,7 +50,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _decoder():
-    from engines.qwen3.codec_torch import load_decoder
+    from engines.qwen3.conversion.codec_decoder import load_decoder
 
     return load_decoder(ch.write_speech_tokenizer(Path(_tmp()) / "st"))
 
@@ -77,7 +77,7 @@ def test_torch_decoder_matches_official(golden: dict, about: dict) -> None:
 
 
 def test_exported_vocoder_matches_official(golden: dict, about: dict, exported: Path) -> None:
-    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.serving.vocoder import Vocoder
 
     voc = Vocoder(exported)
     assert voc.layout == "BQT"
@@ -94,7 +94,7 @@ def test_exported_vocoder_matches_official(golden: dict, about: dict, exported: 
 
 
 def test_frame_axis_is_dynamic(exported: Path) -> None:
-    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.serving.vocoder import Vocoder
 
     voc = Vocoder(exported)
     dec = _decoder()
@@ -110,8 +110,8 @@ def test_frame_axis_is_dynamic(exported: Path) -> None:
 
 def test_streamed_matches_full_within_tolerance(exported: Path) -> None:
     """The engine's chunked decode (4-frame chunks) against the full decode, by left context."""
-    from engines.qwen3.codec_export import snr_db
-    from engines.qwen3.vocoder import Vocoder
+    from engines.qwen3.conversion.onnx_export import snr_db
+    from engines.qwen3.serving.vocoder import Vocoder
 
     voc = Vocoder(exported)
     codes = np.random.default_rng(5).integers(0, 2048, size=(120, 16))
@@ -132,7 +132,7 @@ def test_streamed_matches_full_within_tolerance(exported: Path) -> None:
 
 
 def test_log_mel_matches_official(golden: dict, about: dict) -> None:
-    from engines.qwen3.speaker_encoder import log_mel
+    from engines.qwen3.conversion.speaker_encoder import log_mel
 
     mel = log_mel(ch.test_audio(about["audio_s"]))
     assert mel.shape == golden["mel"].shape
@@ -140,8 +140,8 @@ def test_log_mel_matches_official(golden: dict, about: dict) -> None:
 
 
 def test_speaker_encoder_onnx_matches_official(golden: dict, about: dict, tmp_path: Path) -> None:
-    from engines.qwen3.codec_export import export_speaker_encoder
-    from engines.qwen3.speaker_encoder import load_speaker_encoder, log_mel
+    from engines.qwen3.conversion.onnx_export import export_speaker_encoder
+    from engines.qwen3.conversion.speaker_encoder import load_speaker_encoder, log_mel
 
     width = about["enc_dim"]
     tensors = {

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3.convert import gguf_name, main
-from engines.qwen3.gguf_model import GgufBundle, GgufFile, read_metadata
+from engines.qwen3.cli.convert import main
+from engines.qwen3.conversion.gguf_convert import gguf_name
+from engines.qwen3.weights.gguf_loader import GgufBundle, GgufFile, read_metadata
 
 
 def test_cli_writes_seed_file_names_and_metadata(tmp_path: Path, capsys) -> None:

@@ -19,11 +19,12 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from engines.qwen3.paths import VOCODER_FILE, ModeModelPaths, split_file_names
-from engines.qwen3.request import PresetSpeaker
-from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME
-from engines.qwen3.vocoder_fixture import export_tiny_vocoder
+from qwen3_vocoder_fixture import export_tiny_vocoder
+
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME
+from engines.qwen3.weights.paths import VOCODER_FILE, ModeModelPaths, split_file_names
 from engines.runtime.synth import (
     CallState,
     CancelToken,
@@ -83,7 +84,7 @@ def _synth(
 ) -> tuple[Qwen3Synthesizer, ScriptedEngine]:
     eng = engine or ScriptedEngine(mode)
     s = Qwen3Synthesizer(
-        Qwen3Options(model_dir=d, mode=mode, **kw), engine_loader=lambda paths, opts: eng
+        Qwen3Options(model_dir=d, mode=mode, **kw), generator_loader=lambda paths, opts: eng
     )
     return s, eng
 
@@ -219,11 +220,13 @@ def test_bad_options_fail_load_before_model(tmp_path: Path) -> None:
         loaded.append(1)
         return ScriptedEngine("base")
 
-    s = Qwen3Synthesizer(Qwen3Options(model_dir=d, mode="base", instruct="x"), engine_loader=loader)
+    s = Qwen3Synthesizer(
+        Qwen3Options(model_dir=d, mode="base", instruct="x"), generator_loader=loader
+    )
     with pytest.raises(SynthesisError, match="instruct"):
         s.load()
     s = Qwen3Synthesizer(
-        Qwen3Options(model_dir=d, mode="base", speaker="vivian"), engine_loader=loader
+        Qwen3Options(model_dir=d, mode="base", speaker="vivian"), generator_loader=loader
     )
     with pytest.raises(SynthesisError, match="speaker"):
         s.load()
@@ -251,7 +254,7 @@ def test_engine_load_error_is_clear(cv_dir: Path) -> None:
     def boom(paths: ModeModelPaths, opts: Qwen3Options) -> Any:
         raise RuntimeError("tensor talker.blk.0.attn_q.weight missing")
 
-    s = Qwen3Synthesizer(Qwen3Options(model_dir=cv_dir), engine_loader=boom)
+    s = Qwen3Synthesizer(Qwen3Options(model_dir=cv_dir), generator_loader=boom)
     with pytest.raises(SynthesisError, match=r"cannot load the model.*attn_q"):
         s.load()
 
@@ -302,7 +305,7 @@ def test_options_validation(cv_dir: Path) -> None:
 
 
 def test_cli_parser_rejects(capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     assert synth_cli.main(["--mode", "base"]) == 2  # --text missing
     assert "--text" in capsys.readouterr().err
@@ -311,7 +314,7 @@ def test_cli_parser_rejects(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_synth_cli_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     rc = synth_cli.main(["--model-dir", str(tmp_path), "--mode", "base", "--text", "hi"])
     err = capsys.readouterr().err
@@ -320,7 +323,7 @@ def test_synth_cli_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_write_wav(tmp_path: Path) -> None:
-    from engines.qwen3.synth_cli import write_wav
+    from engines.qwen3.cli.synth import write_wav
 
     write_wav(tmp_path / "a.wav", np.array([0.0, 0.5, -1.5], np.float32))
     with wave.open(str(tmp_path / "a.wav")) as w:
@@ -368,7 +371,7 @@ def test_real_engine_streams_audio(tiny_dir: Path) -> None:
         assert st[f"last_{k}_ms"] > 0, k
     # Same seed offline: identical codes, and the streamed audio equals the full decode.
     req = s.make_request("Hello world.", "ryan")
-    codes, _ = s.engine.generate_codes(req)
+    codes, _ = s.generator.generate_codes(req)
     assert codes.shape == (frames, 16) and codes.dtype == np.int64
     assert s.vocoder is not None
     np.testing.assert_allclose(audio, s.vocoder.decode(codes), atol=1e-5)
@@ -442,7 +445,7 @@ def test_real_engine_mode_mismatch(tiny_dir: Path) -> None:
 
 
 def test_synth_cli_writes_codes_and_wav(tiny_dir: Path, tmp_path: Path, capsys: Any) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     base = ["--model-dir", str(tiny_dir), "--mode", "customvoice", "--speaker", "eric"]
     args = [*base, "--text", "Hello world.", "--greedy", "--max-frames", "8"]
@@ -474,7 +477,7 @@ def test_synth_cli_writes_codes_and_wav(tiny_dir: Path, tmp_path: Path, capsys: 
 def test_synth_cli_bad_inputs(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
 ) -> None:
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     argv = ["--model-dir", str(tiny_dir), "--text", "Hello.", "--max-frames", "4", *extra]
     assert synth_cli.main(argv) == 2
@@ -514,7 +517,7 @@ def test_dock_cli_refuses_to_run_without_model(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    code = "from engines.qwen3.cli import main; raise SystemExit(main())"
+    code = "from engines.qwen3.cli.dock import main; raise SystemExit(main())"
     port = "1"  # never reached: loading fails first
     p = subprocess.run(
         [
@@ -574,13 +577,13 @@ def test_real_engine_icl_voice_clone(tiny_base_dir: Path, tmp_path: Path) -> Non
     audio = np.concatenate(list(s.synthesize("Hello world.", CallState(1), CancelToken())))
     req = s.make_request("Hello world.", None)
     assert req.voice_clone_prompt is not None and req.voice_clone_prompt.uses_icl
-    codes, _ = s.engine.generate_codes(req)
+    codes, _ = s.generator.generate_codes(req)
     assert audio.shape == (codes.shape[0] * SAMPLES_PER_FRAME,)
     assert s.vocoder is not None
     whole = s.vocoder.decode(np.concatenate([ref, codes]))
     np.testing.assert_allclose(audio, whole[ref.shape[0] * SAMPLES_PER_FRAME :], atol=1e-5)
 
-    from engines.qwen3 import synth_cli
+    from engines.qwen3.cli import synth as synth_cli
 
     wav = tmp_path / "clone.wav"
     argv = ["--model-dir", str(tiny_base_dir), "--mode", "base", "--text", "Hello world."]

@@ -17,15 +17,16 @@ import pytest
 import qwen3_helpers as qh
 import torch
 
-from engines.qwen3.cuda_graphs import GraphSteps, bucket_sizes
-from engines.qwen3.engine import BatchOptions, Qwen3TtsEngine
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
-from engines.qwen3.sampling import draw_rows, gumbel
-from engines.qwen3.scheduler import BatchScheduler
+from engines.qwen3.model.cuda_graphs import GraphSteps, bucket_sizes
+from engines.qwen3.model.sampling import draw_rows, gumbel
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.frame_generator import BatchOptions, FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest
+from engines.qwen3.serving.scheduler import BatchScheduler
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory: pytest.TempPathFactory) -> Qwen3TtsEngine:
+def eng(tmp_path_factory: pytest.TempPathFactory) -> FrameGenerator:
     return qh.build_tiny_engine(tmp_path_factory.mktemp("fast"), hidden=64, cp_hidden=32)[0]
 
 
@@ -48,15 +49,15 @@ class _EagerGraph:
         self.fn()
 
 
-def _graph_engine(eng: Qwen3TtsEngine, capture: Callable[..., object]) -> Qwen3TtsEngine:
+def _graph_engine(eng: FrameGenerator, capture: Callable[..., object]) -> FrameGenerator:
     """A second engine on the same model whose scheduler replays ``GraphSteps``."""
-    e = Qwen3TtsEngine(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=4))
+    e = FrameGenerator(eng.model, eng.tokenizer, eng.mode, batching=BatchOptions(max_batch=4))
     sched = e.scheduler
     sched.graphs = GraphSteps(sched.batch, capture_fn=capture)  # type: ignore[arg-type]
     return e
 
 
-def test_graph_steps_give_the_eager_greedy_codes(eng: Qwen3TtsEngine) -> None:
+def test_graph_steps_give_the_eager_greedy_codes(eng: FrameGenerator) -> None:
     g = _graph_engine(eng, _EagerGraph)
     reqs = [("a", _req(greedy=True, max_frames=14)), ("b", _req(greedy=True, text="Hi there."))]
     want = [eng.generate_codes(r)[0] for _, r in reqs]
@@ -69,7 +70,7 @@ def test_graph_steps_give_the_eager_greedy_codes(eng: Qwen3TtsEngine) -> None:
     g.close()
 
 
-def test_graph_steps_sampling_is_seeded(eng: Qwen3TtsEngine) -> None:
+def test_graph_steps_sampling_is_seeded(eng: FrameGenerator) -> None:
     g = _graph_engine(eng, _EagerGraph)
     a = g.generate_codes(_req(seed=4))[0]
     b = g.generate_codes(_req(seed=4))[0]
@@ -80,7 +81,7 @@ def test_graph_steps_sampling_is_seeded(eng: Qwen3TtsEngine) -> None:
     g.close()
 
 
-def test_capture_failure_drops_the_bucket_and_falls_back(eng: Qwen3TtsEngine) -> None:
+def test_capture_failure_drops_the_bucket_and_falls_back(eng: FrameGenerator) -> None:
     calls: list[int] = []
 
     def flaky(fn: Callable[[], None]) -> _EagerGraph:

@@ -11,7 +11,7 @@ import pytest
 import qwen3_helpers as qh
 
 from engines.qwen3.errors import GgufError
-from engines.qwen3.gguf_model import (
+from engines.qwen3.weights.gguf_loader import (
     GgufBundle,
     GgufFile,
     check_projection,
@@ -284,7 +284,8 @@ def test_split_and_bundled_files_load_alike(tmp_path: Path) -> None:
     assert all(n.startswith("talker.") for n in names_t)
     assert all(n.startswith("code_pred.") for n in names_p)
     assert names_t | names_p == set(GgufFile(paths_bund.talker_gguf).tensors)
-    from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
+    from engines.qwen3.modes import PresetSpeaker
+    from engines.qwen3.serving.request import ModeSynthesizeRequest
 
     req = ModeSynthesizeRequest(
         text="Hello world", speaker=PresetSpeaker.Ryan, greedy=True, max_frames=6
@@ -295,7 +296,7 @@ def test_split_and_bundled_files_load_alike(tmp_path: Path) -> None:
 
 
 def test_wrong_tensor_shape_names_file_and_tensor(tmp_path: Path) -> None:
-    from engines.qwen3.gguf_model import load_weights
+    from engines.qwen3.weights.gguf_loader import load_weights
 
     _, paths, _ = qh.build_tiny_engine(tmp_path, "custom_voice")
     # a predictor file from a model with another width

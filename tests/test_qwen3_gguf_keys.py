@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3 import gguf_keys as keys
+from engines.qwen3.weights import gguf_keys as keys
 
 
 class _NoTensors:

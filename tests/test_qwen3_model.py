@@ -9,11 +9,12 @@ import pytest
 import qwen3_helpers as qh
 import torch
 import torch.nn.functional as F
+from qwen3_measure import measure_frames_per_second
 
-from engines.qwen3.engine import Qwen3TtsEngine
-from engines.qwen3.frame_batch import FrameBatch, StepShape
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker
-from engines.qwen3.speed import measure_frames_per_second
+from engines.qwen3.model.frame_batch import FrameBatch, StepShape
+from engines.qwen3.modes import PresetSpeaker
+from engines.qwen3.serving.frame_generator import FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest
 from engines.runtime.synth import SynthesisCancelled
 
 
@@ -51,7 +52,7 @@ def test_equal_widths_use_identity(equal) -> None:
     assert eng.model.cp_embd_in is eng.model.cp_embd
 
 
-def _recompute_codes(eng: Qwen3TtsEngine, h: torch.Tensor, code0: int) -> tuple[list[int], list]:
+def _recompute_codes(eng: FrameGenerator, h: torch.Tensor, code0: int) -> tuple[list[int], list]:
     """The predictor without a KV cache: rerun the whole sequence for every step."""
     m = eng.model
     seq = [m.project_to_predictor(h), m.project_to_predictor(m.codec_embd[code0])]
@@ -207,7 +208,7 @@ def test_iter_frames_streams_cancels_and_caps(split) -> None:
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_quantized_exports_run(tmp_path, dtype: str) -> None:
     eng, paths, _ = qh.build_tiny_engine(tmp_path, dtype=dtype, hidden=64, cp_hidden=32)
-    from engines.qwen3.gguf_model import GgufFile
+    from engines.qwen3.weights.gguf_loader import GgufFile
 
     types = {t.type_name for t in GgufFile(paths.talker_gguf).tensors.values()}
     assert ("Q8_0" if dtype == "q8_0" else "F16") in types and "F32" in types

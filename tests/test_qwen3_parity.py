@@ -19,13 +19,9 @@ import numpy as np
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3.engine import Qwen3TtsEngine
-from engines.qwen3.request import (
-    ModeSynthesizeRequest,
-    PresetSpeaker,
-    QtsMode,
-    VoiceClonePrompt,
-)
+from engines.qwen3.modes import PresetSpeaker, QtsMode
+from engines.qwen3.serving.frame_generator import FrameGenerator
+from engines.qwen3.serving.request import ModeSynthesizeRequest, VoiceClonePrompt
 
 CASES = qh.load_golden_cases()["cases"]
 MODES = {
@@ -37,7 +33,7 @@ MODES = {
 
 def build_engine(
     kind: str, root: Path, *, dtype: str = "f32", bundled: bool = False
-) -> Qwen3TtsEngine:
+) -> FrameGenerator:
     gdir = qh.GOLDEN / kind
     config = json.loads((gdir / "config.json").read_text())
     hf = root / f"{kind}-hf"
@@ -45,11 +41,11 @@ def build_engine(
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copy(gdir / name, hf / name)  # the exact files the oracle tokenised with
     paths = qh.convert_checkpoint(hf, root / f"{kind}-gguf-{dtype}", dtype=dtype, bundled=bundled)
-    return Qwen3TtsEngine.load_mode(paths, MODES[kind])
+    return FrameGenerator.load_mode(paths, MODES[kind])
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Qwen3TtsEngine]:
+def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, FrameGenerator]:
     root = tmp_path_factory.mktemp("qwen3_parity")
     return {kind: build_engine(kind, root) for kind in MODES}
 
@@ -82,7 +78,7 @@ def request_for(case: dict[str, Any], width: int) -> ModeSynthesizeRequest:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_tokens_prefill_and_greedy_codes_match_official(
-    engines: dict[str, Qwen3TtsEngine], case: dict[str, Any]
+    engines: dict[str, FrameGenerator], case: dict[str, Any]
 ) -> None:
     eng = engines[case["model"]]
     tok = eng.tokenizer
@@ -153,7 +149,7 @@ def _golden(case: dict[str, Any], frames: int | None = None) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(MODES))
 def test_batched_greedy_codes_equal_single_request_codes(
-    engines: dict[str, Qwen3TtsEngine], kind: str
+    engines: dict[str, FrameGenerator], kind: str
 ) -> None:
     """All fixture cases of one checkpoint in one batch (streaming and non-streaming,
     speakers, dialects, instruct and none, ICL and x-vector), plus truncated copies so
@@ -190,7 +186,7 @@ def test_batched_greedy_codes_equal_single_request_codes(
 
 @pytest.mark.slow
 def test_newcomer_joins_midway_and_cancel_frees_its_row(
-    engines: dict[str, Qwen3TtsEngine],
+    engines: dict[str, FrameGenerator],
 ) -> None:
     """A second request joins while the first is 5 frames in; a third is cancelled
     after 2 frames (barge-in): the first two still equal their golden codes."""
@@ -219,7 +215,7 @@ def test_newcomer_joins_midway_and_cancel_frees_its_row(
 
 
 @pytest.mark.slow
-def test_request_that_does_not_fit_fails_alone(engines: dict[str, Qwen3TtsEngine]) -> None:
+def test_request_that_does_not_fit_fails_alone(engines: dict[str, FrameGenerator]) -> None:
     eng = engines["custom_voice"]
     width = eng.meta.talker.hidden_size
     ok = request_for(CASES[0], width)

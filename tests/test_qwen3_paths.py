@@ -1,4 +1,4 @@
-"""Resolution of Qwen3-TTS model file names (engines/qwen3/paths.py)."""
+"""Resolution of Qwen3-TTS model file names (engines/qwen3/weights/paths.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.qwen3.paths import (
-    MODES,
+from engines.qwen3.modes import MODES, mode_slug
+from engines.qwen3.weights.paths import (
     QUANTS,
     VOCODER_FILE,
     ModelPathError,
     ModeModelPaths,
     bundled_file_name,
-    mode_slug,
     split_file_names,
 )
 
@@ -44,8 +43,8 @@ class _Mode(enum.Enum):
 
 def test_no_torch_import() -> None:
     # paths.py is imported by the converter and CLIs; it must stay light.
-    assert "engines.qwen3.paths" in sys.modules
-    import engines.qwen3.paths as mod
+    assert "engines.qwen3.weights.paths" in sys.modules
+    import engines.qwen3.weights.paths as mod
 
     src = Path(mod.__file__).read_text()
     assert "import torch" not in src and "import numpy" not in src

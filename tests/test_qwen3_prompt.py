@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3.gguf_model import DEFAULT_CODEC_IDS, DEFAULT_TEXT_IDS, CodecIds, TextIds
-from engines.qwen3.prompt import IclPrompt, build_layout
-from engines.qwen3.request import ModeSynthesizeRequest, PresetSpeaker, QtsMode, VoiceClonePrompt
+from engines.qwen3.model.config import CodecIds, TextIds
+from engines.qwen3.modes import PresetSpeaker, QtsMode
+from engines.qwen3.serving.prefill_layout import IclPrompt, build_layout
+from engines.qwen3.serving.request import ModeSynthesizeRequest, VoiceClonePrompt
+from engines.qwen3.weights.gguf_loader import DEFAULT_CODEC_IDS, DEFAULT_TEXT_IDS
 
 CODEC = CodecIds(
     *(

@@ -7,13 +7,8 @@ import pytest
 import qwen3_helpers as qh
 
 from engines.qwen3.errors import RequestError
-from engines.qwen3.request import (
-    PRESET_SPEAKERS_ALL,
-    ModeSynthesizeRequest,
-    PresetSpeaker,
-    QtsMode,
-    VoiceClonePrompt,
-)
+from engines.qwen3.modes import PRESET_SPEAKERS_ALL, PresetSpeaker, QtsMode
+from engines.qwen3.serving.request import ModeSynthesizeRequest, VoiceClonePrompt
 from engines.runtime.synth import SynthesisError
 
 
@@ -115,14 +110,14 @@ def test_engine_level_checks(cv, tmp_path_factory: pytest.TempPathFactory) -> No
 
 
 def test_mode_mismatch_with_metadata_identity(cv) -> None:
-    from engines.qwen3.engine import Qwen3TtsEngine
     from engines.qwen3.errors import Qwen3TtsError
-    from engines.qwen3.paths import ModeModelPaths
+    from engines.qwen3.serving.frame_generator import FrameGenerator
+    from engines.qwen3.weights.paths import ModeModelPaths
 
     src = cv.source.split(" + ")
     paths = ModeModelPaths(src[0], src[1], src[0].replace("talker-f32", "x"), "v.onnx")
     with pytest.raises(Qwen3TtsError, match=r"checkpoint is custom_voice .* mode base"):
-        Qwen3TtsEngine.load_mode(paths, QtsMode.Base)
+        FrameGenerator.load_mode(paths, QtsMode.Base)
 
 
 def test_base_embedding_width_checked(tmp_path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import qwen3_helpers as qh
 
-from engines.qwen3.convert import read_hf_tokenizer
-from engines.qwen3.tokenizer import TextTokenizer
+from engines.qwen3.conversion.gguf_convert import read_hf_tokenizer
+from engines.qwen3.weights.text_tokenizer import TextTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The ONNX vocoder wrapper and streaming decoder (engines/qwen3/vocoder.py)."""
+"""The ONNX vocoder wrapper and streaming decoder (engines/qwen3/serving/vocoder.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from engines.qwen3.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
-from engines.qwen3.vocoder_fixture import VocoderFixtureSpec, export_tiny_vocoder
+from qwen3_vocoder_fixture import VocoderFixtureSpec, export_tiny_vocoder
+
+from engines.qwen3.serving.vocoder import SAMPLES_PER_FRAME, StreamingDecoder, Vocoder, VocoderError
 
 
 @pytest.fixture(scope="module")

@@ -138,8 +138,8 @@ def test_common_flags_build_text_options(tmp_path: Path, monkeypatch: pytest.Mon
 def test_engine_flags_reach_both_engines(tmp_path: Path) -> None:
     from engines.kokoro.cli import build_parser as kokoro_parser
     from engines.kokoro.cli import config_from_args
-    from engines.qwen3.cli import build_parser as qwen3_parser
-    from engines.qwen3.cli import options_from_args
+    from engines.qwen3.cli.dock import build_parser as qwen3_parser
+    from engines.qwen3.cli.dock import options_from_args
 
     flags = ["--no-normalize", "--lexicon", str(tmp_path / "l.txt")]
     k = config_from_args(kokoro_parser().parse_args(flags))

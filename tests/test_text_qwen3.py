@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_qwen3_engine import ScriptedEngine, _fake_dir
 
-from engines.qwen3.synthesizer import Qwen3Options, Qwen3Synthesizer
+from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
 from engines.runtime.synth import CallState, CancelToken
 from engines.text import LexiconError, TextOptions
 
@@ -17,7 +17,7 @@ def qwen3(d: Path, **kw: object) -> tuple[Qwen3Synthesizer, ScriptedEngine]:
     eng = ScriptedEngine("customvoice")
     s = Qwen3Synthesizer(
         Qwen3Options(model_dir=d, mode="customvoice", **kw),  # type: ignore[arg-type]
-        engine_loader=lambda paths, opts: eng,
+        generator_loader=lambda paths, opts: eng,
     )
     s.load()
     return s, eng
@@ -68,5 +68,5 @@ def test_bad_lexicon_is_an_error_at_construction(model_dir: Path, tmp_path: Path
     with pytest.raises(LexiconError):
         Qwen3Synthesizer(
             Qwen3Options(model_dir=model_dir, text=TextOptions(lexicon=lex)),
-            engine_loader=lambda paths, opts: ScriptedEngine("customvoice"),
+            generator_loader=lambda paths, opts: ScriptedEngine("customvoice"),
         )
