@@ -1,4 +1,4 @@
-"""The QTS GGUF contract of seed 000: metadata keys and fallbacks, projection rules,
+"""The QTS GGUF contract (this project's format): metadata keys and fallbacks, projection rules,
 routing by prefix (split vs bundled), presets/dialects, quant types, clear errors."""
 
 from __future__ import annotations

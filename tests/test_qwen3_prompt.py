@@ -1,4 +1,5 @@
-"""Exact talker prefill layouts (brief §2.3) for every mode, as symbolic row strings."""
+"""Exact talker prefill layouts (as the official package builds them) for every mode,
+as symbolic row strings."""
 
 from __future__ import annotations
 

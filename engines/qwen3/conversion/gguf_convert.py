@@ -2,8 +2,8 @@
 
 Input: a checkpoint directory with ``config.json``, ``*.safetensors`` (bf16/f16/f32)
 and the Qwen2 tokenizer files (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``
-+ ``tokenizer_config.json``). Output (seed 000 names, ``mode`` in base/customvoice/
-voicedesign, ``size`` 0.6b/1.7b from ``tts_model_size``)::
++ ``tokenizer_config.json``). Output (the file names of ``weights/paths.py``,
+``mode`` in base/customvoice/voicedesign, ``size`` 0.6b/1.7b from ``tts_model_size``)::
 
     qwen3-tts-{size}-{mode}-talker-{dtype}.gguf           talker.* tensors + talker metadata
     qwen3-tts-{size}-{mode}-code-predictor-{dtype}.gguf   code_pred.* tensors (+ projection)

@@ -1,4 +1,5 @@
-"""Per-row sampling of one batched frame step (brief §3), with no host sync.
+"""Per-row sampling of one batched frame step, with no host sync (the rules of the
+official ``qwen_tts`` ``generate``).
 
 Rule 1: each batch row carries its own sampling parameters and its own seeded
 generator, so a seeded request draws the same noise, and so the same codes,

@@ -7,7 +7,7 @@ or scheduling: it sees rows, positions and a KV cache.
 
 The stack is pre-norm with per-head q/k RMSNorm before RoPE, GQA and SwiGLU,
 no biases, plain 1-D NEOX RoPE (the talker's interleaved MRoPE with three
-equal position streams is exactly that; brief §1.2). Weights are fused where
+equal position streams is exactly that). Weights are fused where
 it saves kernel launches (q|k|v, gate|up); the RMSNorm weights that precede a
 matmul are folded into it, the attention scale and the q/k norm weights into
 the RoPE factors. Attention is SDPA with a per-row causal mask built from the

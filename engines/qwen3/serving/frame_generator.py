@@ -1,8 +1,8 @@
 """``FrameGenerator``: text -> 16-code frames at 12.5 Hz (talker + code predictor).
 
-Per frame (brief §3): talker logits -> repetition penalty over the codebook-0
-history -> EOS blocked for the first two frames -> ids 2048..3071 suppressed
-except EOS -> temperature/top-k/top-p (or argmax) -> 15 code-predictor steps
+Per frame (as the official ``qwen_tts`` generate loop): talker logits -> repetition
+penalty over the codebook-0 history -> EOS blocked for the first two frames -> ids
+2048..3071 suppressed except EOS -> temperature/top-k/top-p (or argmax) -> 15 code-predictor steps
 on a fresh 17-position cache -> next talker input = sum of the 16 code
 embeddings + the next trailing text row (or ``tts_pad``).
 

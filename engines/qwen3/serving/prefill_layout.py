@@ -1,4 +1,5 @@
-"""The talker prefill layout (brief §2.3), as symbolic rows before any embedding is computed.
+"""The talker prefill layout (as the official ``qwen_tts`` package builds it), as
+symbolic rows before any embedding is computed.
 
 Every row is the sum of a text-track vector ``P(id) = text_projection(text_embedding(id))``
 and a codec-track vector: ``C(id)`` (codec embedding), the speaker x-vector

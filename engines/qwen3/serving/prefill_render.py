@@ -1,7 +1,7 @@
 """Prompt rendering: a checked request -> talker prefill rows and trailing text rows.
 
 ``PromptRenderer.layout`` builds the symbolic dual-track prefill (``prefill_layout.build_layout``,
-brief §2.3); ``render`` turns it into ``[L, H]`` rows (text projection + codec
+the official layout); ``render`` turns it into ``[L, H]`` rows (text projection + codec
 embeddings, summed where both tracks are present) and the trailing text rows
 fed one per frame.
 """

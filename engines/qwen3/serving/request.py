@@ -1,4 +1,4 @@
-"""Request types of the Qwen3-TTS mode API (seed 000, in Python form).
+"""Request types of the Qwen3-TTS mode API (the library API this engine serves, in Python form).
 
 ``QtsMode`` names the three checkpoint kinds, ``PresetSpeaker`` the nine
 CustomVoice presets, and ``ModeSynthesizeRequest`` one synthesis. The request
@@ -46,13 +46,14 @@ class VoiceClonePrompt:
 
 @dataclass
 class ModeSynthesizeRequest:
-    """One synthesis for a mode (seed ``ModeSynthesizeRequest``; sampling defaults per brief §3).
+    """One synthesis for a mode (``ModeSynthesizeRequest`` of that API; sampling defaults
+    as the official package's).
 
     ``greedy`` uses argmax for the talker and the code predictor but keeps the
     repetition penalty, the EOS block of the first two frames and the
     suppression of ids 2048..3071 (except EOS). ``non_streaming`` puts the
     whole text into the prefill (upstream ``non_streaming_mode=True``); the
-    default feeds the text one token per frame (seed 000).
+    default feeds the text one token per frame (as that API specifies).
     """
 
     text: str

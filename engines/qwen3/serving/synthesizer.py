@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 DEFAULT_VOICE = "default"
-#: WIRE.md 4: outputs over 120 s are refused; 1500 frames = 120 s at 12.5 Hz.
+#: docs/wire.md, "Per-call engine behaviour": no utterance over 120 s;
+#: 1500 frames = 120 s at 12.5 Hz.
 MAX_FRAMES_CAP = 1500
 #: Vocoder left context per streamed chunk: one attention window of the codec decoder
 #: (README, Qwen3: measured SNR vs the full decode 27 dB at 25 frames, 45 dB at 72).

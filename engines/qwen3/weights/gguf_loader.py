@@ -1,4 +1,5 @@
-"""The QTS GGUF contract (seed 000): read talker / code-predictor / tokenizer GGUF files.
+"""The QTS GGUF contract (this project's format, written by ``qwen3-convert``): read
+talker / code-predictor / tokenizer GGUF files.
 
 Files are read with ``gguf.GGUFReader`` (memory-mapped). Tensors are routed by
 name prefix (``talker.*``, ``code_pred.*``), so one bundled file and split
@@ -65,7 +66,8 @@ PROJECTION_PREFIXES = (
     "code_pred.small_to_mtp",
 )
 
-#: Real 12 Hz codec control ids (brief §2.1) and text ids; used when the metadata lacks them.
+#: Real 12 Hz codec control ids (the official checkpoint's ``config.json``) and text
+#: ids; used when the metadata lacks them.
 DEFAULT_CODEC_IDS = {f"{k.field}_id": k.default for k in keys.CODEC.keys}
 DEFAULT_TEXT_IDS = {f"{k.field}_id": k.default for k in keys.TEXT.keys}
 
@@ -532,7 +534,8 @@ def find_projection(b: GgufBundle) -> tuple[TensorRef | None, TensorRef | None]:
 def check_projection(
     meta: ModelMetadata, w: TensorRef | None, bias: TensorRef | None, where: Path
 ) -> None:
-    """Shape rules of seed 000: GGML [talker_width, predictor_width] and [predictor_width]."""
+    """Shape rules of the QTS GGUF contract: GGML [talker_width, predictor_width] and
+    [predictor_width]."""
     tw, pw = meta.talker.hidden_size, meta.predictor.hidden_size
     if tw != pw and (w is None or bias is None):
         missing = (

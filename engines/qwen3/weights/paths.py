@@ -1,6 +1,6 @@
 """Where the Qwen3-TTS model files live: the ``ModeModelPaths`` resolution rules.
 
-File names follow the local export convention of seed 000 (they describe how
+File names follow this project's export convention (they describe how
 our converter names its output, not a downloadable distribution)::
 
     qwen3-tts-{size}-{mode}-talker-{quant}.gguf

@@ -7,7 +7,7 @@ tokens are added tokens matched verbatim before pre-tokenisation (as in the
 Hugging Face ``Qwen2TokenizerFast``). Pre-tokeniser: the Qwen2 regex, then
 byte-level mapping; normaliser NFC.
 
-Chat templates (brief §2.2)::
+Chat templates (as the official ``qwen_tts`` package builds them)::
 
     target:      <|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n
     reference:   <|im_start|>assistant\\n{ref_text}<|im_end|>\\n
