@@ -1,8 +1,8 @@
 """Ended-call memory: the most recent ``capacity`` call ids, oldest forgotten first.
 
-Rule: bounded (WIRE.md 2 asks the dock and the engines to remember at least the last 1000
-ended call ids, so that late text or speech events of an ended call are dropped); adding
-an id again makes it the most recent. No clock, no I/O.
+Rule: bounded (docs/wire.md#call-control asks the dock and the engines to remember at
+least the last 1000 ended call ids, so that late text or speech events of an ended call
+are dropped); adding an id again makes it the most recent. No clock, no I/O.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if ns.oap_low_water > ns.oap_high_water:
         p.error("--oap-low-water must not exceed --oap-high-water")
     if ns.ended_calls < 1000:
-        p.error("--ended-calls must be at least 1000 (WIRE.md 2)")
+        p.error("--ended-calls must be at least 1000 (docs/wire.md#call-control)")
     return Config(
         llama_host=ns.llama_host,
         llama_mgmt_port=ns.llama_mgmt_port,
