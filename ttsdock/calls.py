@@ -17,9 +17,9 @@ import enum
 from collections import OrderedDict
 
 from protocol.mgmt import CallEnd, CallMessage, SpeechActive, SpeechIdle
-from svc.lru import EndedCalls
+from svc.lru import ENDED_CALLS, ENDED_CALLS_MIN, EndedCalls
 
-ENDED_MEMORY = 4096  # docs/wire.md#call-control asks for at least the last 1000 ended ids
+ENDED_MEMORY = ENDED_CALLS  # svc.lru says why this many
 MAX_LIVE_CALLS = 65_536  # bound on calls tracked without a CALL_END (oldest evicted)
 
 
@@ -86,8 +86,10 @@ class CallTracker:
     __slots__ = ("_ended", "_live", "ended_memory", "max_live")
 
     def __init__(self, ended_memory: int = ENDED_MEMORY, max_live: int = MAX_LIVE_CALLS) -> None:
-        if ended_memory < 1000:
-            raise ValueError("ended_memory must be at least 1000 (docs/wire.md#call-control)")
+        if ended_memory < ENDED_CALLS_MIN:
+            raise ValueError(
+                f"ended_memory must be at least {ENDED_CALLS_MIN} (docs/wire.md#call-control)"
+            )
         self.ended_memory = ended_memory
         self.max_live = max_live
         self._live: OrderedDict[int, CallState] = OrderedDict()

@@ -37,7 +37,7 @@ import structlog
 
 from engines.runtime.admission import MIN_HEADROOM_CALLS, Admission, Headroom, Refusal
 from engines.runtime.calls import CallManager
-from engines.runtime.metrics import latency_summary
+from engines.runtime.metrics import window_summary
 from engines.runtime.stats import LatencyWindow
 from engines.runtime.synth import SAMPLE_RATE
 from svc.metrics import Family, gauge, labelled
@@ -365,5 +365,5 @@ class ProtocolRequests:
                 "requests rejected for bad input, by field",
             ),
             gauge(f"{p}requests_active", self.admission.active),
-            latency_summary(f"{p}ttfa_seconds", st.ttfa),
+            window_summary(f"{p}ttfa_seconds", st.ttfa),
         ]
