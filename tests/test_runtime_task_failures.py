@@ -4,6 +4,7 @@ engine with exit status 1 (``task_failed:<task>``), so that the service manager 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from runtime_helpers import ToneSynth, free_port
@@ -12,37 +13,35 @@ from engines.runtime.app import Engine, EngineConfig
 from engines.runtime.client import EngineClient
 
 
-async def test_engine_dock_client_failure_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken_run(self: EngineClient, stop: asyncio.Event) -> None:
-        await asyncio.sleep(0)
-        raise RuntimeError("injected dock client failure")
-
-    monkeypatch.setattr(EngineClient, "run", broken_run)
+def _engine() -> Engine:
     synth = ToneSynth()
     synth.load()
-    engine = Engine(synth, EngineConfig(name="tone", dock_port=free_port(), cmd_port=0))
-    await asyncio.wait_for(engine.run(), 10)
-    assert engine.exit_code == 1 and engine.stop_reason == "task_failed:dock-client"
+    return Engine(synth, EngineConfig(name="tone", dock_port=free_port(), cmd_port=0))
 
 
-async def test_engine_dock_client_returning_early_is_fatal(
-    monkeypatch: pytest.MonkeyPatch,
+async def _dock_client_raises(self: EngineClient, stop: asyncio.Event) -> None:
+    await asyncio.sleep(0)
+    raise RuntimeError("injected dock client failure")
+
+
+async def _dock_client_returns(self: EngineClient, stop: asyncio.Event) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "run", [_dock_client_raises, _dock_client_returns], ids=["raises", "returns"]
+)
+async def test_engine_dock_client_failure_is_fatal(
+    monkeypatch: pytest.MonkeyPatch, run: Callable[[EngineClient, asyncio.Event], Awaitable[None]]
 ) -> None:
-    async def quitter(self: EngineClient, stop: asyncio.Event) -> None:
-        return None
-
-    monkeypatch.setattr(EngineClient, "run", quitter)
-    synth = ToneSynth()
-    synth.load()
-    engine = Engine(synth, EngineConfig(name="tone", dock_port=free_port(), cmd_port=0))
+    monkeypatch.setattr(EngineClient, "run", run)
+    engine = _engine()
     await asyncio.wait_for(engine.run(), 10)
     assert engine.exit_code == 1 and engine.stop_reason == "task_failed:dock-client"
 
 
 async def test_engine_sweeper_failure_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    synth = ToneSynth()
-    synth.load()
-    engine = Engine(synth, EngineConfig(name="tone", dock_port=free_port(), cmd_port=0))
+    engine = _engine()
 
     async def broken_sweep() -> None:
         raise ValueError("injected sweeper failure")
