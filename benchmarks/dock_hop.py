@@ -15,7 +15,7 @@ engine and the fake OAP run in this process. Measured:
   back-pressure), not drop;
 * unpaced windowed throughput: ``--frames`` chunks with at most 64 in flight, frames/s.
 
-Targets (issue 8): 0 of the burst's frames dropped; burst frames/s through the dock at
+Targets: 0 of the burst's frames dropped; burst frames/s through the dock at
 least the reference's 31,000; at real-time pacing the dock's median within 0.1 ms of the
 direct path's and its p99 <= 1 ms.
 

@@ -14,7 +14,7 @@ Three loads: ``sleep`` (inference waits, e.g. on a GPU: no CPU, no GIL),
 ``native`` (inference saturates the CPU with the GIL released, like
 onnxruntime/torch kernels) and ``python`` (inference burns CPU in pure Python,
 holding the GIL: the worst case).
-Targets (issue 3): barge-in p99 <= 20 ms, PONG p99 <= 20 ms.
+Targets: barge-in p99 <= 20 ms, PONG p99 <= 20 ms.
 
     python benchmarks/engine_bargein.py [--trials 40] [--calls 4] [--load sleep|native|python|all]
 """

@@ -1,6 +1,6 @@
 """Cost of the text front end per sentence (markup filter + normaliser + lexicon).
 
-Budget (issue 10): at most 5 ms p95 per sentence on the 2-vCPU box, because the front
+Budget: at most 5 ms p95 per sentence on the 2-vCPU box, because the front
 end sits in front of the first audio. Runs LLM-style telephony sentences in English
 and German (the test tables' inputs plus markdown), each with a fresh cache state
 for num2words (first use) and then warm, and prints p50/p95/p99/max per sentence,

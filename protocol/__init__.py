@@ -1,4 +1,4 @@
-"""Wire formats of the TTS stage, sans-I/O (WIRE.md; style of h11/wsproto).
+"""Wire formats of the TTS stage, sans-I/O (docs/wire.md; style of h11/wsproto).
 
 Bytes in -> events out, events in -> bytes out. No sockets, no asyncio, no
 clocks. Every malformed input raises ``ProtocolError`` and nothing else; every

@@ -1,4 +1,4 @@
-"""Audio payload carried in Packets from engine to dock to OAP (WIRE.md 4).
+"""Audio payload carried in Packets from engine to dock to OAP (docs/wire.md#audio-payload).
 
 Rule 1: ``i32`` sample rate in host order (little-endian on every supported
 host), ``u64 BIG-endian`` t_engine_out_us, then at most 4800 float32 LE samples.

@@ -1,4 +1,4 @@
-"""Text command ports (WIRE.md 5 dock 13142, WIRE.md 6 engines 13144).
+"""Text command ports (docs/wire.md#command-ports: dock 13142, engines 13144).
 
 Rule 1: one command per TCP connection, read up to a bound (512 bytes for the
 dock, 4096 for engines), trailing CR/LF stripped; one reply line, then close.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 MAX_DOCK_COMMAND = 512
 MAX_ENGINE_COMMAND = 4096
-COMMAND_TIMEOUT = 10.0  # seconds; WIRE.md 6 receive timeout
+COMMAND_TIMEOUT = 10.0  # seconds; docs/wire.md#engine-cmd-port receive timeout
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""One engine-dock connection as a state machine, for both sides (WIRE.md 3).
+"""One engine-dock connection as a state machine, for both sides (docs/wire.md#engine-dock).
 
 Rule 1: everything that decides what the bytes of an engine-dock connection mean lives
 here: first the HELLO phase (the engine's HELLO line, the dock's ``OK`` / ``ERR`` line),

@@ -1,4 +1,4 @@
-"""Engine dock frame stream after ``OK`` (WIRE.md 3), both directions.
+"""Engine dock frame stream after ``OK`` (docs/wire.md#engine-frames), both directions.
 
 Rule 1: ``0x01`` + Packet (8-byte header + payload) or ``0x02`` + mgmt type
 byte + that type's payload; there is no length prefix, so the decoder must

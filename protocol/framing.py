@@ -1,4 +1,4 @@
-"""Pipeline channel framing: ``u32 BE length N`` + N body bytes (WIRE.md 2).
+"""Pipeline channel framing: ``u32 BE length N`` + N body bytes (docs/wire.md#frames).
 
 Rule 1: a frame body is at most ``MAX_FRAME_BODY`` bytes (1 MiB + 256); a
 larger announced length is a protocol error before any body byte is read.
@@ -16,9 +16,9 @@ from pathlib import Path
 from protocol.errors import ProtocolError
 
 LENGTH = struct.Struct(">I")
-MAX_FRAME_BODY = 1_048_576 + 256  # WIRE.md 2
+MAX_FRAME_BODY = 1_048_576 + 256  # docs/wire.md#frames
 
-# AES-256-GCM interconnect encryption (WIRE.md 2): IV(12) || ciphertext || tag(16).
+# AES-256-GCM interconnect encryption (docs/wire.md#encryption): IV(12) || ciphertext || tag(16).
 IV_SIZE = 12
 TAG_SIZE = 16
 KEY_SIZE = 32

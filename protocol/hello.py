@@ -1,4 +1,5 @@
-"""Engine dock handshake: the HELLO line and the ``OK`` / ``ERR <reason>`` reply (WIRE.md 3).
+"""Engine dock handshake: the HELLO line and the ``OK`` / ``ERR <reason>`` reply
+(docs/wire.md#handshake).
 
 Rule 1: the HELLO is one line of at most 1 KiB, with no control bytes but
 the final ``\\n`` (a ``\\r`` is ignored); the dock answers exactly one line.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from protocol.errors import ProtocolError
 
-MAX_HELLO_LINE = 1024  # WIRE.md 3: at most 1 KiB including the newline
+MAX_HELLO_LINE = 1024  # docs/wire.md#handshake: at most 1 KiB including the newline
 MAX_REPLY_LINE = 256
 SAMPLE_RATE = 24000
 CHANNELS = 1

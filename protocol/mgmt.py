@@ -1,4 +1,4 @@
-"""Management messages (WIRE.md 2 "Mgmt body", WIRE.md 3 0x02 frames).
+"""Management messages (docs/wire.md#mgmt-messages, #engine-frames).
 
 Rule 1: a management message is one type byte plus that type's payload:
 CALL_END / SPEECH_ACTIVE / SPEECH_IDLE carry ``u32 BE call_id``; PING / PONG
@@ -21,7 +21,7 @@ _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 
 MAX_CUSTOM_PIPELINE = 0xFFFF  # u16 length on pipeline mgmt frames
-MAX_CUSTOM_ENGINE = 4096  # WIRE.md 3: CUSTOM on the engine dock is <= 4096 bytes
+MAX_CUSTOM_ENGINE = 4096  # docs/wire.md#engine-frames: CUSTOM on the engine dock is <= 4096 bytes
 
 
 class MgmtType(enum.IntEnum):

@@ -1,4 +1,4 @@
-"""Packet: the body of a pipeline data frame and of an engine 0x01 frame (WIRE.md 2).
+"""Packet: the body of a pipeline data frame and of an engine 0x01 frame (docs/wire.md#packet).
 
 Rule 1: a Packet is ``u32 BE call_id`` (never 0) + ``u32 BE payload_size``
 (<= 1 MiB) + payload, and the announced size must match what is there.
@@ -14,7 +14,7 @@ from protocol.errors import ProtocolError
 
 PACKET_HEADER = struct.Struct(">II")
 PACKET_HEADER_SIZE = PACKET_HEADER.size  # 8
-MAX_PAYLOAD = 1_048_576  # WIRE.md 2: payload_size <= 1 MiB
+MAX_PAYLOAD = 1_048_576  # docs/wire.md#packet: payload_size <= 1 MiB
 
 
 @dataclass(frozen=True, slots=True)

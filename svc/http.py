@@ -59,7 +59,8 @@ class HttpSettings:
     max_body: int = MAX_BODY
 
     def check(self) -> None:
-        """Refuse to serve a non-loopback address without a token (issue 18)."""
+        """Refuse to serve a non-loopback address without a token: anyone on the network
+        could otherwise read the metrics or make the engine speak."""
         if not is_loopback(self.host) and not self.token:
             raise HttpConfigError(
                 f"--http-host {self.host} is not a loopback address: --http-token-file is "

@@ -1,5 +1,6 @@
 """Logging: structlog to stderr (JSON when not a TTY), runtime level changes, and the
-optional WhisperTalk UDP log line ``<SERVICE> <LEVEL> <CALL_ID> <message>`` (WIRE.md 7)."""
+optional WhisperTalk UDP log line ``<SERVICE> <LEVEL> <CALL_ID> <message>``
+(docs/wire.md#log-lines)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from svc.stats import percentile
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -93,6 +95,32 @@ def summary(
     fam.samples.append(Sample("_sum", (), total))
     fam.samples.append(Sample("_count", (), count))
     return fam
+
+
+#: The quantiles (percent) of every latency summary, the dock's and the engines'.
+LATENCY_QUANTILES = (50, 90, 99)
+
+
+def latency_summary(
+    name: str,
+    recent: Iterable[float],
+    total: float,
+    count: int,
+    *,
+    per_second: float,
+    help_: str = "",
+) -> Family:
+    """A latency as a summary in seconds: ``LATENCY_QUANTILES`` (nearest rank) of the
+    ``recent`` samples (a bounded window), then ``total`` and ``count`` of every sample
+    ever taken, which Prometheus requires never to go down. Samples and ``total`` are
+    in units of ``1 / per_second`` s (1e6: microseconds, 1000: milliseconds); seconds
+    are rounded to the microsecond."""
+    values = sorted(recent)
+    quantiles = {
+        q / 100: round(percentile(values, q, presorted=True) / per_second, 6)
+        for q in LATENCY_QUANTILES
+    }
+    return summary(name, quantiles, round(total / per_second, 6), count, help_)
 
 
 def render(families: Iterable[Family]) -> str:

@@ -1,5 +1,6 @@
-"""Socket helpers: WIRE.md 3 socket options, loopback checks, and the one-command-per-
-connection text cmd server used by the dock (13142) and the engines (13144)."""
+"""Socket helpers: the socket options of docs/wire.md#socket-options, loopback checks,
+and the one-command-per-connection text cmd server used by the dock (13142) and the
+engines (13144)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-SOCKET_BUFFER = 128 * 1024  # WIRE.md 3: 128 KiB buffers
-CMD_TIMEOUT = 10.0  # WIRE.md 6: 10 s receive timeout
-BIND_RETRY = 0.2  # WIRE.md 6: retry the cmd-port bind every 200 ms during a hot swap
+SOCKET_BUFFER = 128 * 1024  # docs/wire.md#socket-options: 128 KiB buffers
+CMD_TIMEOUT = 10.0  # docs/wire.md#engine-cmd-port: 10 s receive timeout
+# docs/wire.md#engine-cmd-port: retry the cmd-port bind every 200 ms during a hot swap
+BIND_RETRY = 0.2
 LINE_GRACE = 0.05  # seconds to wait for the rest of a command line that arrived without \n
 
 log = structlog.get_logger(__name__)

@@ -35,7 +35,7 @@ from protocol.packet import Packet, decode_packet
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 24000
-MAX_SAMPLES = 4800  # WIRE.md 4: at most 200 ms per packet
+MAX_SAMPLES = 4800  # docs/wire.md#audio-payload: at most 200 ms per packet
 START_TIMEOUT = 180.0  # model load + warm-up on a shared, noisy 2-core machine
 TIMEOUT = 60.0  # anything else that should take well under a second
 
@@ -197,11 +197,13 @@ class Arrival:
 
     @property
     def sample_rate(self) -> int:
-        return int(struct.unpack_from("<i", self.payload, 0)[0])  # host order (LE), WIRE.md 4
+        # host order (LE), docs/wire.md#audio-payload
+        return int(struct.unpack_from("<i", self.payload, 0)[0])
 
     @property
     def t_engine_out_us(self) -> int:
-        return int(struct.unpack_from(">Q", self.payload, 4)[0])  # big-endian, WIRE.md 4
+        # big-endian, docs/wire.md#audio-payload
+        return int(struct.unpack_from(">Q", self.payload, 4)[0])
 
     @property
     def n_samples(self) -> int:
@@ -244,8 +246,8 @@ class RecordingOap(FakeOap):
 
 
 def check_audio_packets(arrivals: list[Arrival], not_before_us: int) -> None:
-    """WIRE.md 4 byte by byte, per packet and per call: 12-byte header, 24000 LE, an
-    engine timestamp on our monotonic clock (after ``not_before_us``, before arrival),
+    """docs/wire.md#audio-payload byte by byte, per packet and per call: 12-byte header,
+    24000 LE, an engine timestamp on our monotonic clock (after ``not_before_us``, before arrival),
     non-decreasing within a call, 1..4800 whole float32 samples, finite, within [-1, 1]."""
     assert arrivals, "no audio packets"
     last: dict[int, int] = {}

@@ -1,6 +1,6 @@
 """Shared pieces of the protocol test suite: hypothesis strategies and stream helpers.
 
-Golden bytes live in the test files themselves, written out by hand from WIRE.md;
+Golden bytes live in the test files themselves, written out by hand from docs/wire.md;
 this module only holds what several files need: event strategies, a splitter that
 feeds a stream in arbitrary pieces, and drain loops for the two incremental decoders.
 """

@@ -10,7 +10,7 @@ Directive words change its behaviour: ``!fail`` raises ``SynthesisError``,
 ``!quiet`` makes the phrase quiet (amplitude 0.05), ``!hang`` blocks 30 s
 without checking cancellation.
 
-``FakeDock`` is the dock side of WIRE.md 3 over real sockets: it answers the
+``FakeDock`` is the dock side of docs/wire.md#engine-dock over real sockets: it answers the
 HELLO (scripted OK / ERR), records every frame with its arrival time, can PING
 on a cadence, and can be stopped and restarted on the same port.
 

@@ -81,7 +81,7 @@ async def test_hello_timeout(rig: Rig) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert await silent.dock() == b"ERR hello_timeout_or_too_long"
-    assert loop.time() - t0 >= 1.9  # WIRE.md 3: 2 s to send the HELLO
+    assert loop.time() - t0 >= 1.9  # docs/wire.md#handshake: 2 s to send the HELLO
     await _still_serving(rig, good)
     await silent.close()
 

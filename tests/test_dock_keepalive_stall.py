@@ -2,7 +2,7 @@
 
 A dock process that is not scheduled (host overloaded, VM paused) must not blame the
 engine for the PONGs it could not read meanwhile; a genuinely silent engine is still
-dropped (WIRE.md 3: > 600 ms without a PONG clears the slot).
+dropped (docs/wire.md#keepalive: > 600 ms without a PONG clears the slot).
 """
 
 from __future__ import annotations

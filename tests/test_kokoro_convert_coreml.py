@@ -36,7 +36,8 @@ from engines.kokoro.convert.coreml_modules import (  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-#: One small bucket keeps the conversion quick; the shapes follow ``Bucket`` as the seed's do.
+#: One small bucket keeps the conversion quick; the shapes follow ``Bucket`` as the C++
+#: service's do.
 TEST_BUCKET = backend.Bucket("test", 16)
 FLOAT32, INT32 = 65568, 131104  # ArrayFeatureType data types in the spec
 
@@ -67,8 +68,8 @@ def io(path: Path) -> tuple[dict[str, tuple[list[int], int]], dict[str, list[int
 
 
 def test_the_default_buckets_are_the_seeds() -> None:
-    assert export_coreml.__kwdefaults__["buckets"] == backend.SEED_BUCKETS
-    assert [(b.name, b.frames) for b in backend.SEED_BUCKETS] == [
+    assert export_coreml.__kwdefaults__["buckets"] == backend.REFERENCE_BUCKETS
+    assert [(b.name, b.frames) for b in backend.REFERENCE_BUCKETS] == [
         ("3s", 72),
         ("5s", 120),
         ("10s", 240),

@@ -156,7 +156,7 @@ def test_small_deliberate_errors_fail_the_float32_tolerance(
     }
     print("spectral distances (dB):", distances)
     assert distances["converted"] <= va.FLOAT32_TOLERANCE_DB
-    # the issue's three: all weights off by 3 % and swapped halves change the durations
+    # three broken conversions: all weights off by 3 % and swapped halves change the durations
     # (infinite distance); half gain is 5.9 dB, beyond int8's tolerance too
     for name in ("all weights x (1 + 3 % noise)", "style halves swapped", "half gain"):
         assert distances[name] > va.FLOAT32_TOLERANCE_DB, (name, distances[name])

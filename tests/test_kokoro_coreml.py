@@ -10,7 +10,7 @@ import pytest
 
 from engines.kokoro import coreml
 from engines.kokoro.coreml import (
-    SEED_BUCKETS,
+    REFERENCE_BUCKETS,
     CoreMLBackend,
     align,
     choose_bucket,
@@ -23,9 +23,10 @@ from engines.kokoro.coreml import (
 from engines.kokoro.models import ModelFileError
 
 
-def test_seed_bucket_sizes() -> None:
-    # seed 001 table: ASR frames 72/120/240, F0 frames 144/240/480, HAR 8641/14401/28801
-    assert [(b.frames, b.f0_frames, b.har_frames) for b in SEED_BUCKETS] == [
+def test_reference_bucket_sizes() -> None:
+    # the C++ service's CoreML buckets: ASR frames 72/120/240, F0 frames 144/240/480,
+    # HAR 8641/14401/28801
+    assert [(b.frames, b.f0_frames, b.har_frames) for b in REFERENCE_BUCKETS] == [
         (72, 144, 8641),
         (120, 240, 14401),
         (240, 480, 28801),
@@ -82,7 +83,7 @@ def test_har_source_is_a_tone_where_voiced() -> None:
 def test_stft_har_matches_numpy_reference_and_bucket() -> None:
     src = np.sin(np.arange(43200) / 10.0).astype(np.float32)
     har = stft_har(src)
-    assert har.shape == (22, SEED_BUCKETS[0].har_frames)
+    assert har.shape == (22, REFERENCE_BUCKETS[0].har_frames)
     # frame 10 by hand: reflect-padded, periodic Hann, rfft
     x = np.pad(src.astype(np.float64), (10, 10), mode="reflect")[50:70]
     win = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(20) / 20)
@@ -103,10 +104,10 @@ def test_split_layout_found(tmp_path: Path) -> None:
     (tmp_path / "coreml" / "kokoro_duration.mlpackage").mkdir(parents=True)
     dv = tmp_path / "decoder_variants"
     dv.mkdir()
-    for b in SEED_BUCKETS:
+    for b in REFERENCE_BUCKETS:
         (dv / f"kokoro_decoder_split_{b.name}.mlmodelc").mkdir()
         (dv / f"kokoro_f0n_{b.name}.mlpackage").mkdir()
     (dv / "split_config.json").write_text('{"har": {"weight": [0,0,0,0,0,0,0,0,1], "bias": 0}}')
     layout = coreml.SplitLayout.find(tmp_path)
-    assert layout.buckets == SEED_BUCKETS
+    assert layout.buckets == REFERENCE_BUCKETS
     assert layout.decoders["5s"].suffix == ".mlmodelc"

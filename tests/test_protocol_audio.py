@@ -1,4 +1,5 @@
-"""Audio payload (WIRE.md 4): i32 LE sample rate, u64 BE t_engine_out_us, <= 4800 f32 LE samples."""
+"""Audio payload (docs/wire.md#audio-payload): i32 LE sample rate, u64 BE t_engine_out_us,
+<= 4800 f32 LE samples."""
 
 from __future__ import annotations
 

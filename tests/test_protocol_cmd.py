@@ -1,5 +1,5 @@
-"""Text command ports (WIRE.md 5 and 6): one command line, trailing CR/LF stripped, ``NAME`` or
-``NAME:arg``; one reply line; numbers like C++ ``std::to_string``."""
+"""Text command ports (docs/wire.md#command-ports): one command line, trailing CR/LF
+stripped, ``NAME`` or ``NAME:arg``; one reply line; numbers like C++ ``std::to_string``."""
 
 from __future__ import annotations
 

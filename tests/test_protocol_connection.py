@@ -1,5 +1,6 @@
 """``protocol.connection``: the engine-dock connection state machine, both sides, with the
-golden bytes of WIRE.md 3 and property tests over arbitrary splits and arbitrary bytes."""
+golden bytes of docs/wire.md#engine-dock and property tests over arbitrary splits and
+arbitrary bytes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Interconnect encryption (WIRE.md 2): frame body = IV(12) || AES-256-GCM ciphertext || tag(16),
-no associated data, 32-byte raw key; switched on by ``ic_encryption.flag`` starting with ``1``.
+"""Interconnect encryption (docs/wire.md#encryption): frame body = IV(12) || AES-256-GCM
+ciphertext || tag(16), no associated data, 32-byte raw key; switched on by
+``ic_encryption.flag`` starting with ``1``.
 
 Known answers are the AES-256 test cases 13-15 of the GCM specification (McGrew & Viega),
 which use a 96-bit IV and no AAD, exactly the interconnect's layout.

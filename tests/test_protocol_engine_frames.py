@@ -1,5 +1,6 @@
-"""Engine dock frames after ``OK`` (WIRE.md 3): ``0x01`` + Packet, ``0x02`` + mgmt type + payload;
-no length prefix, so the decoder must know every size; anything else is fatal."""
+"""Engine dock frames after ``OK`` (docs/wire.md#engine-frames): ``0x01`` + Packet,
+``0x02`` + mgmt type + payload; no length prefix, so the decoder must know every size;
+anything else is fatal."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from protocol import (
     encode_engine_packet_header,
 )
 
-# Every engine-dock frame, by hand from WIRE.md 3.
+# Every engine-dock frame, by hand from docs/wire.md#engine-frames.
 GOLDEN: list[tuple[bytes, EngineEvent]] = [
     (b"\x01\x00\x00\x00\x07\x00\x00\x00\x0bHallo Welt.", Packet(7, b"Hallo Welt.")),
     (b"\x01\xff\xff\xff\xff\x00\x00\x00\x00", Packet(0xFFFFFFFF, b"")),

@@ -1,4 +1,4 @@
-"""Pipeline framing (WIRE.md 2): u32 BE length N + N body bytes, N <= 1 MiB + 256.
+"""Pipeline framing (docs/wire.md#frames): u32 BE length N + N body bytes, N <= 1 MiB + 256.
 
 Golden frames for every body the pipeline carries: data Packets and every mgmt type.
 """
@@ -40,7 +40,7 @@ from protocol import (
 )
 from protocol.mgmt import MAX_CUSTOM_PIPELINE
 
-# Whole pipeline frames (length prefix included), by hand from WIRE.md 2.
+# Whole pipeline frames (length prefix included), by hand from docs/wire.md#frames.
 DATA_FRAME = b"\x00\x00\x00\x13" + b"\x00\x00\x00\x07\x00\x00\x00\x0b" + b"Hallo Welt."
 MGMT_FRAMES: list[tuple[bytes, MgmtMessage]] = [
     (b"\x00\x00\x00\x05\x01\x00\x00\x00\x2a", CallEnd(42)),

@@ -1,5 +1,5 @@
-"""Engine dock handshake (WIRE.md 3): one HELLO line of at most 1 KiB, answered ``OK\\n`` or
-``ERR <reason>\\n``."""
+"""Engine dock handshake (docs/wire.md#handshake): one HELLO line of at most 1 KiB,
+answered ``OK\\n`` or ``ERR <reason>\\n``."""
 
 from __future__ import annotations
 
@@ -372,7 +372,7 @@ _FIELDS = ["name", "sample_rate", "channels", "format"]
 
 
 def _expected_reason(obj: dict[str, Any]) -> str | None:
-    """The WIRE.md 3 rules, stated independently of protocol/hello.py."""
+    """The docs/wire.md#handshake rules, stated independently of protocol/hello.py."""
     if not all(k in obj for k in _FIELDS):
         return "hello_missing_field"
     name = obj["name"]

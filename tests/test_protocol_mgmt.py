@@ -1,4 +1,4 @@
-"""Mgmt messages (WIRE.md 2 "Mgmt body"): type byte + that type's payload.
+"""Mgmt messages (docs/wire.md#mgmt-messages): type byte + that type's payload.
 
 The bodies here are the pipeline framing's frame bodies; the length-prefixed
 pipeline frames and the 0x02 engine frames built from them are in
@@ -31,7 +31,7 @@ from protocol import (
 )
 from protocol.mgmt import MAX_CUSTOM_ENGINE, MAX_CUSTOM_PIPELINE
 
-# Every mgmt body of WIRE.md 2, written out by hand.
+# Every mgmt body of docs/wire.md#mgmt-messages, written out by hand.
 GOLDEN: list[tuple[bytes, MgmtMessage]] = [
     (b"\x01\x00\x00\x00\x2a", CallEnd(42)),
     (b"\x01\xff\xff\xff\xff", CallEnd(0xFFFFFFFF)),

@@ -1,4 +1,5 @@
-"""Packet: the data-frame body (WIRE.md 2): u32 BE call_id + u32 BE payload_size + payload."""
+"""Packet: the data-frame body (docs/wire.md#packet): u32 BE call_id + u32 BE payload_size
++ payload."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from protocol_helpers import packets
 from protocol import MAX_PAYLOAD, Packet, ProtocolError, decode_packet, encode_packet
 from protocol.packet import PACKET_HEADER_SIZE, encode_packet_header
 
-# call_id 7, "Hallo Welt." (11 bytes), as WIRE.md 2 lays it out.
+# call_id 7, "Hallo Welt." (11 bytes), as docs/wire.md#packet lays it out.
 HALLO = b"\x00\x00\x00\x07" + b"\x00\x00\x00\x0b" + b"Hallo Welt."
 
 

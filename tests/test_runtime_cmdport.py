@@ -1,4 +1,5 @@
-"""Engine cmd port (WIRE.md 6): every command, every error reply, the bind retry."""
+"""Engine cmd port (docs/wire.md#engine-cmd-port): every command, every error reply, the
+bind retry."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ async def test_hello_err_then_retry_then_docked() -> None:
     assert "hello_rejected" in err
 
 
-RETRY_S = 0.2  # WIRE.md 3: the engine retries the dock every 200 ms
+RETRY_S = 0.2  # docs/wire.md#engine-reconnects: the engine retries the dock every 200 ms
 
 
 def spinner() -> subprocess.Popen[bytes]:

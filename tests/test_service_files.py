@@ -98,7 +98,7 @@ def test_dock_plist_contract() -> None:
     assert "--daemon" not in " ".join(data["ProgramArguments"])
 
 
-# -- engines (engine runtime, issue 3) ---------------------------------------------------
+# -- engines (engine runtime) --------------------------------------------------------------
 
 ENGINE_UNIT = ROOT / "systemd" / "ttsdock-engine@.service"
 ENGINE_PLISTS = {

@@ -86,7 +86,7 @@ def test_set_level_changes_level_and_filters() -> None:
 
 @pytest.mark.usefixtures("restore_logging")
 def test_set_level_trace() -> None:
-    set_level("TRACE")  # WIRE.md 5/6: SET_LOG_LEVEL:TRACE answers OK
+    set_level("TRACE")  # docs/wire.md#command-ports: SET_LOG_LEVEL:TRACE answers OK
     assert current_level() == "TRACE"
     with structlog.testing.capture_logs() as captured:
         structlog.get_logger("t").debug("frame_seen")
@@ -410,7 +410,7 @@ async def test_cmd_server_timeout_closes_without_reply() -> None:
 
 
 async def test_cmd_server_answers_a_command_without_newline() -> None:
-    """WIRE.md 5/6: the reference answers after one read, so `printf STATUS | nc` (no
+    """docs/wire.md#command-ports: the reference answers after one read, so `printf STATUS | nc` (no
     newline, socket kept open) gets its reply; a line split over two quick writes is
     still read whole."""
     h = Recorder()

@@ -84,8 +84,9 @@ async def test_close_keeps_tasks_that_finish_on_their_own() -> None:
 
     t = sup.spawn(finishes(), "client", must_run=True)
     closing = asyncio.create_task(sup.close(keep=lambda task: task.get_name() == "client"))
-    await asyncio.sleep(0.01)
-    assert not t.done()
+    await asyncio.sleep(0)  # one loop turn: close() runs up to its await, past every cancel
+    assert sup.closing and not closing.done()
+    assert t.cancelling() == 0 and not t.done()  # kept: not cancelled, still waiting
     done.set()
     await closing
     assert t.result() == "finished"

@@ -7,7 +7,9 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 import pytest
 from runtime_helpers import FakeDock, ToneSynth, cmd, free_port, running_engine
@@ -18,6 +20,42 @@ from engines.text import TextOptions
 from engines.text.words import cardinal
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class EngineLog:
+    """An engine process's stderr (its log lines), read on a thread as they come, so that
+    a test can wait for a logged event instead of sleeping."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        self._lines: list[str] = []
+        self._loop = asyncio.get_running_loop()
+        self._new_line = asyncio.Event()
+        self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            self._lines.append(raw.decode(errors="replace"))
+            try:
+                self._loop.call_soon_threadsafe(self._new_line.set)
+            except RuntimeError:  # the test's loop is gone: nobody waits any more
+                pass
+
+    def _seen(self, event: str) -> bool:
+        return any(event in line for line in list(self._lines))
+
+    def text(self) -> str:
+        self._reader.join(timeout=20)  # after the process ended: everything it wrote
+        return "".join(self._lines)
+
+    async def wait_for(self, event: str, within: float) -> None:
+        async with asyncio.timeout(within):
+            while True:
+                self._new_line.clear()
+                if self._seen(event):
+                    return
+                await self._new_line.wait()
 
 
 def lexicon(tmp_path: Path, text: str) -> Path:
@@ -164,9 +202,10 @@ async def test_sighup_reloads_the_lexicon_in_a_real_process(tmp_path: Path) -> N
             str(path),
         ],
         cwd=str(ROOT),
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    log = EngineLog(proc)
     try:
 
         async def normalized() -> str:
@@ -187,14 +226,13 @@ async def test_sighup_reloads_the_lexicon_in_a_real_process(tmp_path: Path) -> N
                 reply = await normalized()
         path.write_text("bad\n", encoding="utf-8")
         proc.send_signal(signal.SIGHUP)
-        await asyncio.sleep(0.5)
+        await log.wait_for("lexicon_reload_rejected", within=20)  # the reload has run
         assert await normalized() == "Ack me"  # a bad file on reload keeps the old lexicon
         assert proc.poll() is None  # SIGHUP never ends the engine
     finally:
         proc.terminate()
-        _out, err = proc.communicate(timeout=20)
-    log = err.decode(errors="replace")
-    assert "lexicon_reloaded" in log and "lexicon_reload_rejected" in log
+        proc.wait(timeout=20)
+    assert "lexicon_reloaded" in log.text() and "lexicon_reload_rejected" in log.text()
 
 
 def test_bad_lexicon_at_start_up_fails_the_engine(tmp_path: Path) -> None:

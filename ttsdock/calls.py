@@ -1,4 +1,4 @@
-"""Per-call state of the upstream control stream (WIRE.md 2 "Mgmt body").
+"""Per-call state of the upstream control stream (docs/wire.md#call-control).
 
 Rule 1: everything that decides whether a CALL_END / SPEECH_ACTIVE / SPEECH_IDLE /
 text packet for a call is passed on lives here, as one transition table.
@@ -7,7 +7,8 @@ Rule 2: this file does not know about sockets, engines or OAP; it only answers
 
 States: ``new`` (no speech event seen yet), ``idle``, ``speaking``, ``ended``.
 ``new`` exists so that the very first SPEECH_IDLE of a call is passed on (engines
-use it to prewarm the call, WIRE.md 7); afterwards only changes are passed on.
+use it to prewarm the call, docs/wire.md#per-call-engine-behaviour); afterwards only
+changes are passed on.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import enum
 from collections import OrderedDict
 
 from protocol.mgmt import CallEnd, CallMessage, SpeechActive, SpeechIdle
-from svc.lru import EndedCalls
+from svc.lru import ENDED_CALLS, ENDED_CALLS_MIN, EndedCalls
 
-ENDED_MEMORY = 4096  # WIRE.md 2 asks for at least the last 1000 ended ids
+ENDED_MEMORY = ENDED_CALLS  # svc.lru says why this many
 MAX_LIVE_CALLS = 65_536  # bound on calls tracked without a CALL_END (oldest evicted)
 
 
@@ -85,8 +86,10 @@ class CallTracker:
     __slots__ = ("_ended", "_live", "ended_memory", "max_live")
 
     def __init__(self, ended_memory: int = ENDED_MEMORY, max_live: int = MAX_LIVE_CALLS) -> None:
-        if ended_memory < 1000:
-            raise ValueError("ended_memory must be at least 1000 (WIRE.md 2)")
+        if ended_memory < ENDED_CALLS_MIN:
+            raise ValueError(
+                f"ended_memory must be at least {ENDED_CALLS_MIN} (docs/wire.md#call-control)"
+            )
         self.ended_memory = ended_memory
         self.max_live = max_live
         self._live: OrderedDict[int, CallState] = OrderedDict()

@@ -1,6 +1,7 @@
-"""Pipeline channels (WIRE.md 2): LLaMA connects in (mgmt, data), the dock connects out to
-OAP (mgmt, data). Thin shells: read bytes, feed ``protocol.framing.FrameDecoder``, open the
-optional AES-GCM body, hand bodies to the dock; write what the dock says.
+"""Pipeline channels (docs/wire.md#pipeline-channels): LLaMA connects in (mgmt, data),
+the dock connects out to OAP (mgmt, data). Thin shells: read bytes, feed
+``protocol.framing.FrameDecoder``, open the optional AES-GCM body, hand bodies to the
+dock; write what the dock says.
 
 Rule 1: a framing error (an announced length over the bound, a body that fails AES-GCM
 authentication) loses the frame boundary or the peer's trust: it closes only the
@@ -39,8 +40,8 @@ from svc.net import tune_socket
 
 log = structlog.get_logger(__name__)
 
-# every CUSTOM request from LLaMA is answered (WIRE.md 2) with an empty CUSTOM body, the
-# reference's bytes ``00000003 0a 0000``
+# every CUSTOM request from LLaMA is answered (docs/wire.md#mgmt-messages) with an empty
+# CUSTOM body, the reference's bytes ``00000003 0a 0000``
 CUSTOM_REPLY = Custom(b"")
 
 

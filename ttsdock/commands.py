@@ -1,4 +1,4 @@
-"""The dock cmd port (WIRE.md 5, plus ENGINES, CALLS, STATS, METRICS).
+"""The dock cmd port (docs/wire.md#dock-cmd-port, plus ENGINES, CALLS, STATS, METRICS).
 
 Rule 1: one command per connection, one reply line; METRICS is the one exception
 (Prometheus text, several lines, ended by a newline; the connection closes after it).

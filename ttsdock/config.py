@@ -13,6 +13,7 @@ from pathlib import Path
 from protocol.framing import FrameCipher, flag_on
 from svc.cli import env_default, hostport, int_in, level, port
 from svc.logs import UDP_LOG_DEFAULT
+from svc.lru import ENDED_CALLS, ENDED_CALLS_MIN
 from ttsdock import hold
 
 LOOPBACK = "127.0.0.1"
@@ -51,7 +52,7 @@ class Config:
     oap_queue_seconds: float = OAP_QUEUE_SECONDS
     oap_high_water: int = OAP_HIGH_WATER
     oap_low_water: int = OAP_LOW_WATER
-    ended_calls: int = 4096
+    ended_calls: int = ENDED_CALLS
     log_level: str = "INFO"
     udp_log: tuple[str, int] | None = None
     ready_file: Path | None = None
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--ended-calls",
         d.ended_calls,
-        "ended call ids remembered, >= 1000 (default %(default)s)",
+        f"ended call ids remembered, >= {ENDED_CALLS_MIN} (default %(default)s)",
         type=_nonneg_int,
     )
     add(
@@ -240,8 +241,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
             p.error(f"--udp-log: {exc}")
     if ns.oap_low_water > ns.oap_high_water:
         p.error("--oap-low-water must not exceed --oap-high-water")
-    if ns.ended_calls < 1000:
-        p.error("--ended-calls must be at least 1000 (WIRE.md 2)")
+    if ns.ended_calls < ENDED_CALLS_MIN:
+        p.error(f"--ended-calls must be at least {ENDED_CALLS_MIN} (docs/wire.md#call-control)")
     return Config(
         llama_host=ns.llama_host,
         llama_mgmt_port=ns.llama_mgmt_port,

@@ -1,4 +1,4 @@
-"""One engine connection on the dock port (WIRE.md 3): a thin shell around
+"""One engine connection on the dock port (docs/wire.md#engine-dock): a thin shell around
 ``protocol.connection.EngineDockConnection`` (HELLO phase, then tagged frames).
 
 Rule 1: a peer mistake (non-loopback peer, bad HELLO, unknown tag or mgmt type, oversize
@@ -28,8 +28,8 @@ from ttsdock.keepalive import Keepalive
 
 log = structlog.get_logger(__name__)
 
-HELLO_TIMEOUT = 2.0  # WIRE.md 3: the HELLO line must arrive within 2 s
-SHUTDOWN_GRACE = 2.0  # WIRE.md 3: a replaced engine is force-closed after 2 s
+HELLO_TIMEOUT = 2.0  # docs/wire.md#handshake: the HELLO line must arrive within 2 s
+SHUTDOWN_GRACE = 2.0  # docs/wire.md#engine-slot: a replaced engine is force-closed after 2 s
 ENGINE_BUFFER_BYTES = 8 << 20  # text/mgmt queued for an engine that does not read
 
 PING_FRAME = b"\x02\x04"

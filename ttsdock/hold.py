@@ -1,4 +1,4 @@
-"""Text held per call while no engine is docked (WIRE.md 3, **beyond**).
+"""Text held per call while no engine is docked (docs/wire.md#holding-text).
 
 Rule 1: everything that decides whether a text packet may wait for an engine,
 and when it is given up, lives here: per call at most ``max_packets`` packets
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 HOLD_PACKETS = 64
 HOLD_BYTES = 1 << 20
-HOLD_SECONDS = 10.0  # the reference's wait for an engine (WIRE.md 3)
+HOLD_SECONDS = 10.0  # the reference's wait for an engine (docs/wire.md#holding-text)
 HOLD_CALLS = 1024
 HOLD_TOTAL_BYTES = 64 << 20  # all calls together
 

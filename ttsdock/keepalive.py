@@ -1,5 +1,5 @@
-"""The PONG deadline of one docked engine (WIRE.md 3: > 600 ms without a PONG clears the
-slot).
+"""The PONG deadline of one docked engine (docs/wire.md#keepalive: > 600 ms without a PONG
+clears the slot).
 
 Rule 1: silence counts only time during which the dock could have read a PONG. Not counted:
 time the dock's own loop was stalled (a keepalive tick that woke late: host overloaded, VM
@@ -12,7 +12,7 @@ Rule 2: this file reads no clock and knows no sockets; ``now`` is passed in.
 
 from __future__ import annotations
 
-PONG_TIMEOUT = 0.6  # WIRE.md 3: > 600 ms without a PONG clears the slot
+PONG_TIMEOUT = 0.6  # docs/wire.md#keepalive: > 600 ms without a PONG clears the slot
 
 
 class Keepalive:

@@ -8,9 +8,10 @@ A long-lived task (OAP connectors, keepalive, hold sweeper, systemd watchdog) th
 fatal, by choice over an in-process restart: its state at the failure is unknown (a
 keepalive that died mid-tick, a connector that no longer reconnects), a dock quietly
 running without OAP or keepalive is worse than a short outage, and the engines and LLaMA
-reconnect on their own (every 200 ms, WIRE.md 2). The dock logs ``task_failed``, stops
-in order and ``serve`` returns exit status 1, so that systemd's ``Restart=on-failure``
-starts a fresh dock. Short-lived helper tasks (a FLUSH_TTS reply wait) are only logged.
+reconnect on their own (every 200 ms, docs/wire.md#pipeline-channels). The dock logs
+``task_failed``, stops in order and ``serve`` returns exit status 1, so that systemd's
+``Restart=on-failure`` starts a fresh dock. Short-lived helper tasks (a FLUSH_TTS reply
+wait) are only logged.
 
 The per-frame work lives in the thin protocol shells of ``channels`` and ``engine_conn``;
 decisions live in the sans-I/O cores ``router`` (with ``slot``, ``calls``, ``hold``) and
@@ -48,9 +49,9 @@ from ttsdock.pipeline import Pipeline
 
 log = structlog.get_logger(__name__)
 
-CONNECT_RETRY = 0.2  # WIRE.md 2: a connecting side retries every 200 ms
-CONNECT_TIMEOUT = 2.0  # WIRE.md 2: connect timeout 2 s
-PING_INTERVAL = 0.2  # WIRE.md 3: PING the active engine every 200 ms
+CONNECT_RETRY = 0.2  # docs/wire.md#pipeline-channels: a connecting side retries every 200 ms
+CONNECT_TIMEOUT = 2.0  # docs/wire.md#pipeline-channels: connect timeout 2 s
+PING_INTERVAL = 0.2  # docs/wire.md#keepalive: PING the active engine every 200 ms
 KEEPALIVE_TICK = 0.05  # how often the PONG deadline is checked
 STALL_SLACK = 0.1  # a keepalive tick later than this: the dock itself was stalled
 HOLD_SWEEP = 0.1  # how often held text is checked against its deadline
@@ -205,7 +206,7 @@ class Dock:
     async def _oap_connector(
         self, role: str, port: int, factory: Callable[[], FramedChannel]
     ) -> None:
-        """Connect to OAP, and again after every loss (WIRE.md 2)."""
+        """Connect to OAP, and again after every loss (docs/wire.md#pipeline-channels)."""
         host = self.cfg.oap_host
         failures = 0
         connected_before = False

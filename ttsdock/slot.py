@@ -1,4 +1,4 @@
-"""The engine slot: last connect wins (WIRE.md 3 "Slot").
+"""The engine slot: last connect wins (docs/wire.md#engine-slot).
 
 Rule 1: everything that decides which engine is active, and which generation a
 frame must carry to be accepted, lives here; transitions are the table below.

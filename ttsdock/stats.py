@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from svc.metrics import Family, counter, gauge, labelled, render, summary
+from svc.metrics import LATENCY_QUANTILES, Family, counter, gauge, labelled, latency_summary, render
 from svc.stats import percentile
 
 RESERVOIR = 8192  # most recent hop samples kept for percentiles (bounded)
-PERCENTILES = (50, 90, 99)
+PERCENTILES = LATENCY_QUANTILES  # STATS hop_p<N>_us, like METRICS' quantiles
 
 
 @dataclass(slots=True)
@@ -98,13 +98,13 @@ class Stats:
                 continue
             fams.append(counter(f"ttsdock_{name}_total", value))
         fams.append(labelled("ttsdock_frames_dropped_total", "counter", dict(self.drops), "reason"))
-        values = sorted(self.hop_us)
         fams.append(
-            summary(
+            latency_summary(
                 "ttsdock_hop_latency_seconds",
-                {p / 100: percentile(values, p, presorted=True) / 1e6 for p in PERCENTILES},
-                self.hop_sum_us / 1e6,
+                self.hop_us,
+                self.hop_sum_us,
                 self.hop_count,
+                per_second=1e6,
             )
         )
         for name, value in gauges.items():

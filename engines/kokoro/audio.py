@@ -11,7 +11,8 @@ import numpy as np
 
 from engines.runtime.synth import FloatArray
 
-CROSSFADE_SAMPLES = 192  # WIRE.md 8: joins use a 192-sample equal-power crossfade
+# docs/wire.md#kokoro-front-end: joins use a 192-sample equal-power crossfade
+CROSSFADE_SAMPLES = 192
 FRAME = 240  # 10 ms at 24 kHz
 SILENCE_DB = -42.0  # frames this far below the loudest frame count as silence
 SILENCE_FLOOR = 1e-3  # absolute RMS under which a frame is silence

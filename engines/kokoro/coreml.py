@@ -1,4 +1,5 @@
-"""CoreML backend (macOS only): the split Kokoro pipeline of seed 001.
+"""CoreML backend (macOS only): the split Kokoro pipeline of the WhisperTalk C++ Kokoro
+service (duration model, HAR source, decoder buckets).
 
 Rule 1: importing this module never needs coremltools (Linux CI imports it);
 ``CoreMLBackend.load`` imports coremltools and fails with a clear message.
@@ -19,7 +20,7 @@ alignment (repeat each token column by its duration) -> F0/N model ->
 HAR source from F0 (numpy, below) -> decoder bucket (the smallest that
 holds the frames; zero-padded) -> waveform trimmed to the real length.
 
-Untested: everything that calls CoreML (no macOS here). The seed's own
+Untested: everything that calls CoreML (no macOS here). The C++ service's
 ``kokoro_har_*.pt`` TorchScript files are not used: the HAR maths is numpy.
 """
 
@@ -70,10 +71,10 @@ class Bucket:
         return self.samples // ISTFT_HOP + 1
 
 
-SEED_BUCKETS = (Bucket("3s", 72), Bucket("5s", 120), Bucket("10s", 240))
+REFERENCE_BUCKETS = (Bucket("3s", 72), Bucket("5s", 120), Bucket("10s", 240))
 
 
-def choose_bucket(frames: int, buckets: Sequence[Bucket] = SEED_BUCKETS) -> Bucket:
+def choose_bucket(frames: int, buckets: Sequence[Bucket] = REFERENCE_BUCKETS) -> Bucket:
     """The smallest bucket that holds ``frames``; the largest if none does (split later)."""
     if frames <= 0:
         raise ValueError(f"frames must be positive, got {frames}")
@@ -84,7 +85,9 @@ def choose_bucket(frames: int, buckets: Sequence[Bucket] = SEED_BUCKETS) -> Buck
     return ordered[-1]
 
 
-def split_frames(frames: int, buckets: Sequence[Bucket] = SEED_BUCKETS) -> list[tuple[int, int]]:
+def split_frames(
+    frames: int, buckets: Sequence[Bucket] = REFERENCE_BUCKETS
+) -> list[tuple[int, int]]:
     """(start, end) frame windows, each fitting the largest bucket."""
     size = max(b.frames for b in buckets)
     return [(i, min(i + size, frames)) for i in range(0, frames, size)]
@@ -190,7 +193,7 @@ class SplitLayout:
             raise ModelFileError(f"split config {cfg_path} unreadable: {exc}") from exc
         buckets = (
             tuple(Bucket(str(b["name"]), int(b["frames"])) for b in config.get("buckets", []))
-            or SEED_BUCKETS
+            or REFERENCE_BUCKETS
         )
         decoders: dict[str, Path] = {}
         f0n: dict[str, Path] = {}

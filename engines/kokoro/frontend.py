@@ -5,7 +5,7 @@ never touches the acoustic model.
 Rule 2: the output keeps word, clause and sentence boundaries (``Word.brk``) so
 that ``phrasing`` can cut an utterance into phrases without phonemising again.
 
-Reference behaviour (WIRE.md 8) plus what it lacks:
+Reference behaviour (docs/wire.md#kokoro-front-end) plus what it lacks:
 
 * text: the shared telephony front end (``engines.text``: markup filter,
   normaliser, lexicon) turns a text packet into segments, plain text or IPA from
@@ -49,7 +49,7 @@ __all__ = ["Lang", "LangOption", "detect_language", "normalise_text"]
 G2POption = Literal["auto", "neural", "espeak"]
 
 ESPEAK_VOICES: dict[str, str] = {"de": "de", "en": "en-us"}
-PHONEME_CACHE_SIZE = 10_000  # WIRE.md 8
+PHONEME_CACHE_SIZE = 10_000  # docs/wire.md#kokoro-front-end
 MAX_TEXT_CHARS = 20_000  # one text packet is at most 1 MiB; bound the work per utterance
 MAX_SEGMENT_CHARS = 8 * MAX_TEXT_CHARS  # after normalisation (digits become words)
 

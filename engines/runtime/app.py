@@ -50,7 +50,8 @@ from svc.tasks import Supervisor
 
 log = structlog.get_logger(__name__)
 
-SHUTDOWN_BUDGET = 2.0  # seconds from SHUTDOWN/SIGTERM to exit (issue 3)
+# seconds from SHUTDOWN/SIGTERM to exit: inside the dock's 2 s grace before it force-closes
+SHUTDOWN_BUDGET = 2.0
 WORKERS_GRACE = 0.4  # of which: waiting for call workers to notice the cancel
 THREADS_GRACE = 0.9  # of which (from the start): synthesis threads leaving the model
 CLOSE_GRACE = 0.8  # of which: Synthesizer.close()
@@ -345,7 +346,7 @@ def serve_forever(synth: Synthesizer, config: EngineConfig) -> int:
     busy = [t for t in threading.enumerate() if t.daemon and t.is_alive()]
     if busy or live_threads():
         # A model call that ignores cancellation must not hold the exit hostage
-        # (SHUTDOWN budget, WIRE.md 3); daemon threads in native code are best not
+        # (SHUTDOWN budget, docs/wire.md#engine-slot); daemon threads in native code are best not
         # finalised by the interpreter either.
         log.warning("threads_abandoned", count=len(busy), names=[t.name for t in busy][:8])
         sys.stdout.flush()

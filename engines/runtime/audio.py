@@ -1,4 +1,4 @@
-"""Audio post-processing and packet framing for engine output (WIRE.md 4).
+"""Audio post-processing and packet framing for engine output (docs/wire.md#audio-payload).
 
 Rule 1: everything between "a synthesiser yielded a float32 chunk" and "these
 bytes follow the 12-byte header" lives here: peak normalisation, the 48-sample
@@ -45,13 +45,13 @@ from protocol.audio import AUDIO_SAMPLE_RATE, MAX_SAMPLES_PER_PACKET, encode_aud
 
 FloatArray = npt.NDArray[np.float32]
 
-TARGET_PEAK = 0.90  # WIRE.md 4
-PEAK_TOLERANCE = 0.001  # WIRE.md 4: "not already 0.90 (+-0.001)"
-SILENCE_PEAK = 0.01  # WIRE.md 4: only scale when the peak is above this
+TARGET_PEAK = 0.90  # docs/wire.md#audio-post-processing
+PEAK_TOLERANCE = 0.001  # docs/wire.md#audio-post-processing: "not already 0.90 (+-0.001)"
+SILENCE_PEAK = 0.01  # docs/wire.md#audio-post-processing: only scale when the peak is above this
 MAX_GAIN = 4.0  # streaming only: bound on the gain a quiet first chunk can set
 GAIN_RAMP_SAMPLES = 48  # 2 ms at 24 kHz
-FADE_IN_SAMPLES = 48  # WIRE.md 4
-MAX_UTTERANCE_SECONDS = 120  # WIRE.md 4
+FADE_IN_SAMPLES = 48  # docs/wire.md#audio-post-processing
+MAX_UTTERANCE_SECONDS = 120  # docs/wire.md#audio-post-processing
 MAX_UTTERANCE_SAMPLES = MAX_UTTERANCE_SECONDS * AUDIO_SAMPLE_RATE
 PACKET_SAMPLES = MAX_SAMPLES_PER_PACKET  # 4800: 200 ms
 
@@ -67,7 +67,7 @@ def as_mono_f32(chunk: object) -> FloatArray:
 
 
 def reference_gain(peak: float) -> float:
-    """The reference whole-utterance gain for ``peak`` (WIRE.md 4)."""
+    """The reference whole-utterance gain for ``peak`` (docs/wire.md#audio-post-processing)."""
     if peak > SILENCE_PEAK and abs(peak - TARGET_PEAK) > PEAK_TOLERANCE:
         return TARGET_PEAK / peak
     return 1.0
@@ -164,7 +164,7 @@ class UtteranceFramer:
 
 
 def audio_payload(pcm: bytes, t_engine_out_us: int) -> bytes:
-    """The audio Packet payload: 12-byte header (WIRE.md 4) + PCM."""
+    """The audio Packet payload: 12-byte header (docs/wire.md#audio-payload) + PCM."""
     return encode_audio_header(t_engine_out_us) + pcm
 
 

@@ -39,9 +39,9 @@ from svc.cli import (
     port,
 )
 
-DOCK_PORT_DEFAULT = 13143  # WIRE.md 1
-CMD_PORT_DEFAULT = 13144  # WIRE.md 1
-UDP_LOG_PORT = 22022  # WIRE.md 1
+DOCK_PORT_DEFAULT = 13143  # docs/wire.md#ports
+CMD_PORT_DEFAULT = 13144  # docs/wire.md#ports
+UDP_LOG_PORT = 22022  # docs/wire.md#ports
 UDP_LOG_DEFAULT = f"127.0.0.1:{UDP_LOG_PORT}"
 MAX_CONCURRENT_DEFAULT = 4
 
@@ -69,7 +69,7 @@ def _name(text: str) -> str:
 
     if not NAME_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"engine name {text!r} must match [A-Za-z0-9_-]{{1,32}} (WIRE.md 3)"
+            f"engine name {text!r} must match [A-Za-z0-9_-]{{1,32}} (docs/wire.md#handshake)"
         )
     return text
 
@@ -362,7 +362,7 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
     if synth.sample_rate != SAMPLE_RATE:
         print(
             f"ttsdock {config.name}: synthesizer rate {synth.sample_rate} Hz, "
-            f"the dock only accepts {SAMPLE_RATE} Hz (WIRE.md 3)",
+            f"the dock only accepts {SAMPLE_RATE} Hz (docs/wire.md#handshake)",
             file=sys.stderr,
         )
         return 1

@@ -1,4 +1,4 @@
-"""EngineClient: the engine's connection to the dock (WIRE.md 3, engine side).
+"""EngineClient: the engine's connection to the dock (docs/wire.md#engine-dock, engine side).
 
 Rule 1: connect, HELLO, read ``OK``/``ERR``, then read tagged frames, answer
 PING with PONG inside the same read callback, hand every other event to the
@@ -32,9 +32,9 @@ from svc.net import tune_socket
 
 log = structlog.get_logger(__name__)
 
-CONNECT_TIMEOUT = 2.0  # WIRE.md 3: connect timeout 2 s
-HELLO_TIMEOUT = 2.0  # WIRE.md 3: HELLO answer timeout 2 s
-RETRY_DELAY = 0.2  # WIRE.md 3: reconnect every 200 ms, retry 200 ms after ERR
+CONNECT_TIMEOUT = 2.0  # docs/wire.md#engine-reconnects: connect timeout 2 s
+HELLO_TIMEOUT = 2.0  # docs/wire.md#engine-reconnects: HELLO answer timeout 2 s
+RETRY_DELAY = 0.2  # docs/wire.md#engine-reconnects: reconnect every 200 ms, retry 200 ms after ERR
 DOCK_SILENCE = 1.0  # no frame at all for 1 s: the dock (PING every 200 ms) is gone
 SILENCE_CHECK = 0.1  # how often the silence rule is checked
 STALL_SLACK = 0.1  # a check later than this: our own process was stalled (not counted)
@@ -219,7 +219,8 @@ class EngineClient:
     # -- AudioSink -------------------------------------------------------------------------
 
     def send_audio(self, call_id: int, pcm: bytes) -> bool:
-        """Write one audio packet now, stamped with the current monotonic time (WIRE.md 4)."""
+        """Write one audio packet now, stamped with the current monotonic time
+        (docs/wire.md#audio-payload)."""
         link = self.link
         if link is None or not link.docked:
             return False

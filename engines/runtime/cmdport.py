@@ -1,4 +1,4 @@
-"""Engine cmd port commands (WIRE.md 6): one line in, one line out.
+"""Engine cmd port commands (docs/wire.md#engine-cmd-port): one line in, one line out.
 
 Rule 1: the command table and every reply format live here, byte-exact with
 the reference (numbers like C++ ``std::to_string``, ms as integers); the
@@ -56,7 +56,7 @@ from svc.metrics import render
 
 log = structlog.get_logger(__name__)
 
-BENCH_DEFAULT = 5  # WIRE.md 6: BENCHMARK iterations when none given
+BENCH_DEFAULT = 5  # docs/wire.md#engine-cmd-port: BENCHMARK iterations when none given
 BENCH_MAX = 100
 CMD_SYNTH_SLOTS = 1  # offline syntheses running at once (Rule 3)
 CMD_SYNTH_WAIT = 60.0  # seconds a request waits for the slot before failing

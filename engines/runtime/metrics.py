@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from engines.runtime.stats import LatencyWindow, RuntimeStats
 from engines.runtime.synth import SAMPLE_RATE, PlanInfo
-from svc.metrics import Family, counter, gauge, summary
+from svc.metrics import Family, counter, gauge, latency_summary
 
 if TYPE_CHECKING:
     from engines.runtime.calls import CallManager
@@ -43,10 +43,10 @@ METRIC_COUNTERS = (
 MetricSource = Callable[[], list[Family]]
 
 
-def latency_summary(name: str, w: LatencyWindow) -> Family:
-    """A latency window as a summary in seconds: recent quantiles, cumulative sum/count."""
-    quantiles = {q / 100: round(w.p(q) / 1000, 6) for q in (50, 90, 99)}
-    return summary(name, quantiles, round(w.total_ms / 1000, 6), w.count)
+def window_summary(name: str, w: LatencyWindow) -> Family:
+    """A latency window (milliseconds) as a summary in seconds: recent quantiles,
+    cumulative sum and count (``svc.metrics.latency_summary``)."""
+    return latency_summary(name, w.values, w.total_ms, w.count, per_second=1000)
 
 
 def engine_families(
@@ -62,7 +62,7 @@ def engine_families(
         ("sched_wait_seconds", st.sched_wait),
         ("bargein_mute_seconds", st.bargein_mute),
     ):
-        fams.append(latency_summary(p + name, window))
+        fams.append(window_summary(p + name, window))
     gauges: dict[str, float] = {
         "calls_active": len(calls.calls),
         "utterances_in_progress": calls.running,

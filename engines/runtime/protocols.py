@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-BIND_RETRY = 0.2  # s, like the cmd port (WIRE.md 6)
+BIND_RETRY = 0.2  # s, like the cmd port (docs/wire.md#engine-cmd-port)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ handler reads, instead of the dock socket.
 Rule 2: this file knows no HTTP and no Wyoming; ``engines.runtime.http`` and
 ``engines.runtime.wyoming`` adapt it.
 
-Call ids. Docked calls carry a u32 call id on the wire (WIRE.md 2, ``Packet``), so
+Call ids. Docked calls carry a u32 call id on the wire (docs/wire.md#packet, ``Packet``), so
 protocol requests number their calls from ``REQUEST_CALL_BASE = 2**32`` upwards:
 no dock call can ever have one of these ids, and STATS/METRICS list them as
 ``call.4294967296`` and so on. They never leave the process.
@@ -37,7 +37,7 @@ import structlog
 
 from engines.runtime.admission import MIN_HEADROOM_CALLS, Admission, Headroom, Refusal
 from engines.runtime.calls import CallManager
-from engines.runtime.metrics import latency_summary
+from engines.runtime.metrics import window_summary
 from engines.runtime.stats import LatencyWindow
 from engines.runtime.synth import SAMPLE_RATE
 from svc.metrics import Family, gauge, labelled
@@ -365,5 +365,5 @@ class ProtocolRequests:
                 "requests rejected for bad input, by field",
             ),
             gauge(f"{p}requests_active", self.admission.active),
-            latency_summary(f"{p}ttfa_seconds", st.ttfa),
+            window_summary(f"{p}ttfa_seconds", st.ttfa),
         ]

@@ -25,8 +25,8 @@ import numpy.typing as npt
 
 from engines.text import LexiconReload
 
-SAMPLE_RATE = 24000  # WIRE.md 3: the only rate the dock accepts
-SPEED_MIN = 0.5  # WIRE.md 6: SET_SPEED clamps to [0.5, 2.0]
+SAMPLE_RATE = 24000  # docs/wire.md#handshake: the only rate the dock accepts
+SPEED_MIN = 0.5  # docs/wire.md#engine-cmd-port: SET_SPEED clamps to [0.5, 2.0]
 SPEED_MAX = 2.0
 
 FloatArray = npt.NDArray[np.float32]
@@ -178,7 +178,8 @@ class CallState:
     ``voice`` and ``speed`` are snapshotted from the engine settings when the
     call starts an utterance. ``prosody`` belongs to the synthesiser: it may
     store whatever it needs to carry intonation across the sentences of one
-    call (WIRE.md 7, prosody carry-over); the runtime drops it on CALL_END.
+    call (prosody carry-over, docs/wire.md#per-call-engine-behaviour); the runtime
+    drops it on CALL_END.
     ``playback`` is set by the runtime for the utterance in progress (``None``
     between utterances and in offline cmd-port syntheses): a synthesiser may read
     ``playback.ahead_s()`` to size its next unit of work.
@@ -209,7 +210,7 @@ class Synthesizer(Protocol):
     ``finally`` blocks run on ``close()``); those must not change ``CallState``.
     """
 
-    #: HELLO name, ``[A-Za-z0-9_-]{1,32}`` (WIRE.md 3).
+    #: HELLO name, ``[A-Za-z0-9_-]{1,32}`` (docs/wire.md#handshake).
     name: str
     #: Output rate in Hz; must be 24000 for the dock.
     sample_rate: int
@@ -239,7 +240,8 @@ class Synthesizer(Protocol):
         """Engine-specific numbers for STATS/BENCHMARK (e.g. per-stage ms); may be empty."""
 
     def status_suffix(self) -> str:
-        """Extra ``STATUS`` fields, e.g. ``":G2P:espeak"`` (WIRE.md 6); may be ``""``."""
+        """Extra ``STATUS`` fields, e.g. ``":G2P:espeak"``; may be ``""``
+        (docs/wire.md#engine-cmd-port)."""
 
     def close(self) -> None:
         """Release models (called on SHUTDOWN)."""

@@ -1,6 +1,6 @@
 """Language of a sentence (de/en) and sentence splitting for it.
 
-Rule 1: ``detect_language`` is the reference rule (WIRE.md 8), the one
+Rule 1: ``detect_language`` is the reference rule (docs/wire.md#kokoro-front-end), the one
 implementation both engines use: German unless the text looks English.
 Rule 2: ``split_sentences`` only decides where the language may change; it
 never drops or reorders text (the pieces joined by one space are the input with
@@ -40,7 +40,7 @@ LANGUAGE_NAMES: dict[str, Lang] = {
 
 
 def detect_language(text: str) -> Lang:
-    """The reference rule (WIRE.md 8): German unless the text looks English."""
+    """The reference rule (docs/wire.md#kokoro-front-end): German unless the text looks English."""
     if any(ch in _UMLAUTS for ch in text):
         return "de"
     if any(w.lower() in GERMAN_WORDS for w in _WORD_RE.findall(text)):

@@ -36,7 +36,7 @@ from engines.kokoro.convert.coreml_modules import (
     DurationModel,
     F0NModel,
 )
-from engines.kokoro.coreml import SEED_BUCKETS, Bucket
+from engines.kokoro.coreml import REFERENCE_BUCKETS, Bucket
 
 DEPLOYMENT_TARGET = "macOS13"
 
@@ -103,7 +103,7 @@ def export_coreml(
     kmodel: Any,
     out_dir: Path,
     *,
-    buckets: Sequence[Bucket] = SEED_BUCKETS,
+    buckets: Sequence[Bucket] = REFERENCE_BUCKETS,
     log: Callable[[str], object] = print,
 ) -> dict[str, Any]:
     """Write the CoreML layout of ``kmodel`` (weight norm folded) under ``out_dir``; a summary."""
