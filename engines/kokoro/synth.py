@@ -27,7 +27,7 @@ Units are trimmed of the model's edge silence, separated by a pause that
 matches the break between them (clause / sentence), and joined with the
 192-sample equal-power crossfade.
 
-Prosody carry-over (WIRE.md 7). The ONNX graph has no style output: the
+Prosody carry-over (docs/wire.md#per-call-engine-behaviour). The ONNX graph has no style output: the
 style vector is an input that the graph only reads (research/KOKORO_ONNX.md 8),
 so "carrying the model's style over" means choosing what to feed next. We use
 one style per utterance for all its phrases (the voice-pack row for the
