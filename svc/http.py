@@ -10,8 +10,9 @@ Rule 2: this file knows no route of ours; the dock and the engines pass theirs.
 
 Why aiohttp: it is asyncio-native and runs in the loop we already have (uvloop),
 with no second server thread; ``AppRunner``/``TCPSite`` separate the lifecycle from
-the listener (STYLE.md 2) and make port 0 in tests easy; ``StreamResponse`` gives
-streamed bodies with back-pressure (``await write`` waits for the socket), and
+the listener (one place starts and stops everything) and make port 0 in tests easy;
+``StreamResponse`` gives streamed bodies with back-pressure (``await write`` waits for the
+socket), and
 ``handler_cancellation`` turns a client disconnect into a cancelled handler, which
 is our barge-in. uvicorn would need an ASGI framework on top (starlette) and hides
 the transport behind ASGI messages. aiohttp is imported only when a listener is

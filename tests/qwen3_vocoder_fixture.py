@@ -1,6 +1,6 @@
 """A tiny vocoder ONNX graph with the real Qwen3-TTS 12 Hz decoder contract (for tests/benchmarks).
 
-The real decoder (research/QWEN3_TTS.md 5) maps int64 codes ``[B,16,T]`` (or
+The real decoder (the official 12 Hz codec decoder) maps int64 codes ``[B,16,T]`` (or
 ``[B,T,16]``, time-major) with values 0..2047 to float32 audio of exactly
 ``T*1920`` samples at 24 kHz, clamped to [-1, 1], shaped ``[B,1,S]`` or
 ``[B,S]``, sometimes with an int64 ``lengths [B]`` output.

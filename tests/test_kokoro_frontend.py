@@ -77,7 +77,7 @@ def test_decimal_point_is_not_a_clause(frontend: FrontEnd) -> None:
 
 
 def test_ipa_matches_reference_phonemes(frontend: FrontEnd) -> None:
-    # research/KOKORO_ONNX.md 3 (espeak-ng 1.52 via phonemizer, punctuation kept)
+    # what kokoro-onnx's own phonemizer gives (espeak-ng 1.52, punctuation kept)
     assert frontend.phonemes("Guten Tag, wie kann ich Ihnen heute helfen?").ipa == (
         "ɡˈuːtən tˈɑːk, viː kˌan ɪç ˌiːnən hˈɔøtə hˈɛlfən?"
     )

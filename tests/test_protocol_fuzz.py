@@ -1,4 +1,4 @@
-"""Arbitrary bytes in arbitrary pieces into the incremental decoders (STYLE.md 4).
+"""Arbitrary bytes in arbitrary pieces into the incremental decoders.
 
 For every input: only ``ProtocolError`` escapes; the events do not depend on how the
 stream was split; what the decoder still holds is exactly the unconsumed tail, which

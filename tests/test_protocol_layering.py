@@ -1,4 +1,4 @@
-"""The import rule of DESIGN.md, checked on the source files present at test time.
+"""The import rule of README "Layout", checked on the source files present at test time.
 
 - ``protocol`` and ``svc`` import nothing of ours (only themselves, stdlib, third party);
 - ``ttsdock`` never imports ``engines``; ``engines`` never imports ``ttsdock``;

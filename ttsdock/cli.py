@@ -3,7 +3,7 @@
 Subcommands are entry points in the group ``ttsdock.commands`` (see
 pyproject.toml): ``serve`` and ``ctl`` live in this package; ``kokoro``,
 ``kokoro-convert``, ``qwen3``, ``qwen3-convert`` and ``qwen3-synth`` live in ``engines`` and are
-found by name at run time, so the dock never imports engine code (DESIGN.md).
+found by name at run time, so the dock never imports engine code (README "Layout").
 """
 
 from __future__ import annotations

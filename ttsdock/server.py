@@ -1,4 +1,4 @@
-"""``ttsdock serve``: the dock daemon (DESIGN.md "ttsdock/").
+"""``ttsdock serve``: the dock daemon.
 
 One ``Dock`` object is the lifecycle owner (in the manner of aiohttp's runner): it is given
 bound listening sockets, starts every server and task, and on shutdown closes listeners and

@@ -1,5 +1,5 @@
 """Kokoro-82M engine for ttsdock: int8 ONNX model assembled offline, espeak-ng front end,
-phrase streaming with a short first phrase (DESIGN.md engines/kokoro)."""
+whole-sentence prosody and streamed decoding (README "Kokoro engine")."""
 
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 

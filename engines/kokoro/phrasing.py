@@ -1,8 +1,8 @@
 """Cutting an utterance's words into phrases: a short first phrase, then growing ones.
 
 Rule 1: pure functions of the word list and a token budget; no clocks, no model.
-Rule 2: a phrase never exceeds ``MAX_CONTEXT_TOKENS`` (511 tokens crash the graph,
-research/KOKORO_ONNX.md 5); cuts prefer a sentence end, then a clause end, then
+Rule 2: a phrase never exceeds ``MAX_CONTEXT_TOKENS`` (511 tokens crash the
+graph: its position table has 512 rows); cuts prefer a sentence end, then a clause end, then
 a word boundary, and split inside a word only when one word alone is too long.
 
 The first phrase is the first clause when it is short, else its first few

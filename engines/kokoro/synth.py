@@ -27,10 +27,10 @@ Units are trimmed of the model's edge silence, separated by a pause that
 matches the break between them (clause / sentence), and joined with the
 192-sample equal-power crossfade.
 
-Prosody carry-over (docs/wire.md#per-call-engine-behaviour). The ONNX graph has no style output: the
-style vector is an input that the graph only reads (research/KOKORO_ONNX.md 8),
-so "carrying the model's style over" means choosing what to feed next. We use
-one style per utterance for all its phrases (the voice-pack row for the
+Prosody carry-over (docs/wire.md#per-call-engine-behaviour). The ONNX graph has no
+style output: the style vector is an input that the graph only reads, so "carrying the
+model's style over" means choosing what to feed next. We use one style per utterance for
+all its phrases (the voice-pack row for the
 utterance's whole token count, so the short first phrase has the same pace
 as the rest), and across the utterances of one call we feed the blend
 ``carry * previous + (1 - carry) * row`` (``carry`` default 0.5), kept in

@@ -3,7 +3,7 @@
 It loads the ``decoder.*`` tensors of an official ``speech_tokenizer/``
 checkpoint under their official names and exists so that ``qwen3-convert``
 can export ``qwen3-tts-vocoder.onnx`` without the official ``qwen-tts``
-package. Written from the published architecture (research/QWEN3_TTS.md 5.1);
+package. Written from the published architecture (the official checkpoint's codec config);
 its output is checked against the official ``Qwen3TTSTokenizerV2Decoder`` with
 committed golden data (tests/test_qwen3_codec_parity.py).
 

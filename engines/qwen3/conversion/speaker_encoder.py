@@ -9,8 +9,9 @@ float32 ``[1, frames, 128]``, output ``xvector`` float32 ``[1, enc_dim]``.
 Checked against the official ``Qwen3TTSSpeakerEncoder`` and ``mel_spectrogram``
 with committed golden data (tests/test_qwen3_codec_parity.py).
 
-Mel facts (research/QWEN3_TTS.md 1.4): 24 kHz, n_fft 1024, hop 256, Hann
-window 1024, reflect padding of 384 samples per side, no centring, magnitude
+Mel facts (as the official ``qwen_tts`` speaker encoder computes them): 24 kHz, n_fft
+1024, hop 256, Hann window 1024, reflect padding of 384 samples per side, no centring,
+magnitude
 ``sqrt(re^2 + im^2 + 1e-9)``, 128 Slaney mel bands 0..12 kHz with Slaney
 area normalisation, ``log(max(x, 1e-5))``.
 """

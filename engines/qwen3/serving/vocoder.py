@@ -1,6 +1,6 @@
 """The Qwen3-TTS 12 Hz vocoder (speech-tokenizer decoder) in ONNX Runtime.
 
-Contract (research/QWEN3_TTS.md 5): codes int64 with values 0..2047, one row of
+Contract (the official 12 Hz codec decoder's): codes int64 with values 0..2047, one row of
 16 codebooks per frame at 12.5 Hz, to float32 audio of exactly ``T*1920``
 samples at 24 kHz in [-1, 1]. Exports differ in layout, so everything is read
 from the session: the code input is ``[B,16,T]`` or ``[B,T,16]`` (the static 16
