@@ -63,19 +63,22 @@ def engine_families(
         ("bargein_mute_seconds", st.bargein_mute),
     ):
         fams.append(latency_summary(p + name, window))
+    table = calls.snapshot(CALLS_LISTED)
+    syn = calls.synthesis()
     gauges: dict[str, float] = {
-        "calls_active": len(calls.calls),
-        "utterances_in_progress": calls.running,
-        "utterances_waiting": calls.waiting,
+        "calls_active": table.active,
+        "utterances_in_progress": syn.running,
+        "utterances_waiting": syn.waiting,
     }
-    if calls.pool is not None:
-        queued, parked, busy, open_jobs = calls.pool.snapshot()
+    if syn.workers is not None:
+        assert syn.queued is not None and syn.parked is not None
+        assert syn.busy is not None and syn.open_jobs is not None
         gauges |= {
-            "sched_open": open_jobs,
-            "synth_workers": calls.pool.workers,
-            "sched_queued": queued,
-            "sched_parked": parked,
-            "sched_busy": busy,
+            "sched_open": syn.open_jobs,
+            "synth_workers": syn.workers,
+            "sched_queued": syn.queued,
+            "sched_parked": syn.parked,
+            "sched_busy": syn.busy,
         }
     load = calls.load_snapshot()  # load.py: utilisation, capacity, demand, headroom
     gauges |= {
@@ -96,7 +99,7 @@ def engine_families(
             rtf.add(round(r, 4), {"threads": n})
         fams.append(rtf)
     ahead = Family(f"{p}call_ahead_seconds", "gauge")
-    for w in list(calls.calls.values())[:CALLS_LISTED]:
-        ahead.add(round(w.ahead_s(), 3), {"call_id": w.call_id})
+    for c in table.calls:
+        ahead.add(round(c.ahead_s, 3), {"call_id": c.call_id})
     fams.append(ahead)
     return fams
