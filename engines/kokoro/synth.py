@@ -58,7 +58,14 @@ import numpy as np
 import structlog
 
 from engines.kokoro import audio as audio_ops
-from engines.kokoro.backend import Backend, OnnxBackend, Prosody, SplitBackend
+from engines.kokoro.backend import (
+    Backend,
+    MarkedBackend,
+    OnnxBackend,
+    Prosody,
+    SplitBackend,
+    ThreadedBackend,
+)
 from engines.kokoro.cache import AudioCache
 from engines.kokoro.converted import read_manifest
 from engines.kokoro.frontend import (
@@ -249,6 +256,11 @@ class KokoroSynthesizer:
         self.name = self.config.name
         self.config.check()
         self._backend = backend
+        # the backend's optional capabilities, checked once (here for a given backend,
+        # else at load)
+        self._split_backend: SplitBackend | None = None
+        self._thread_pick: ThreadedBackend | None = None
+        self._check_backend()
         self._voices: dict[str, VoicePack] = {}
         self._frontend: FrontEnd | None = None
         self._model_key = ""
@@ -328,9 +340,9 @@ class KokoroSynthesizer:
             for n, rtf in self._plan.rtf.items():
                 self._speed.seed(n, rtf)
         marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
-        set_marks = getattr(self._backend, "set_marks", None)
-        if callable(set_marks):
-            set_marks(marks)
+        self._check_backend()
+        if isinstance(self._backend, MarkedBackend):
+            self._backend.set_marks(marks)
         self._boundary_ids = marks | ({vocab.space} if vocab.space is not None else frozenset())
         if not self.split:
             log.warning(
@@ -454,10 +466,16 @@ class KokoroSynthesizer:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _check_backend(self) -> None:
+        b = self._backend
+        self._split_backend = b if isinstance(b, SplitBackend) else None
+        self._thread_pick = b if isinstance(b, ThreadedBackend) else None
+
     @property
     def split(self) -> bool:
         """True when sentences are decoded in windows (the backend runs split stages)."""
-        return bool(getattr(self._backend, "split", False))
+        b = self._split_backend
+        return b is not None and bool(b.split)
 
     @property
     def frontend(self) -> FrontEnd:
@@ -598,8 +616,8 @@ class KokoroSynthesizer:
 
     def _threads_for(self, grant: UnitGrant) -> int:
         """Intra-op threads a unit with ``grant`` runs with (the backend's choice)."""
-        pick = getattr(self._backend, "threads_for", None)
-        return int(pick(grant.cores)) if callable(pick) else 1
+        pick = self._thread_pick
+        return int(pick.threads_for(grant.cores)) if pick is not None else 1
 
     def _narrow_if_wide_is_slower(self) -> None:
         """Keep this unit to one thread while the wide session measures no faster (a box
@@ -631,14 +649,12 @@ class KokoroSynthesizer:
         return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
     def _ahead_s(self, state: CallState, emitted_s: float, t_first: float | None) -> float:
-        """Audio queued ahead of the listener: the runtime's playback clock when it has
-        one, else what this generator emitted since its first piece."""
+        """Audio queued ahead of the listener: the runtime's playback clock, which the
+        runtime supplies to every synthesis it drives; a synthesis outside the runtime has
+        no listener (0 s ahead; ``engines.runtime.playback.play_as_produced`` gives it one
+        that plays each chunk as it is produced)."""
         clock = state.playback
-        if clock is not None:
-            return float(clock.ahead_s())
-        if t_first is None:
-            return 0.0
-        return emitted_s - (time.perf_counter() - t_first)
+        return 0.0 if clock is None else float(clock.ahead_s())
 
     def _budget_frames(self, state: CallState, emitted_s: float, t_first: float | None) -> int:
         """Frames the next window may have so that it is ready before playback runs dry

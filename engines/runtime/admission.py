@@ -36,19 +36,18 @@ class Headroom(Protocol):
 class SchedulerHeadroom:
     """Fallback ``Headroom``: ``--max-concurrent`` minus the utterances in synthesis (the
     scheduler's open jobs, or the running ones for a self-scheduled engine) and those
-    waiting for a slot. It knows nothing of compute per unit: a coarse stand-in for the
+    waiting for synthesis capacity. It knows nothing of compute per unit: a coarse stand-in for the
     load meter."""
 
     def __init__(self, calls: CallManager) -> None:
         self.calls = calls
 
     def headroom_calls(self) -> float | None:
-        c = self.calls
-        in_use = c.running
-        if c.pool is not None:
-            _queued, _parked, _busy, open_jobs = c.pool.snapshot()
-            in_use = max(in_use, open_jobs)
-        return float(c.max_concurrent - in_use - c.waiting)
+        s = self.calls.synthesis()
+        in_use = s.running
+        if s.open_jobs is not None:
+            in_use = max(in_use, s.open_jobs)
+        return float(s.max_concurrent - in_use - s.waiting)
 
 
 class FirstKnown:
@@ -90,7 +89,8 @@ class Admission:
         self.refused: Counter[str] = Counter()
 
     def admit(self) -> Refusal | None:
-        """Take a request slot, or return why not (counted). Pair with ``release``."""
+        """Take one of the ``max_requests`` places, or return why not (counted). Pair with
+        ``release``."""
         refusal: Refusal | None = None
         if self.active >= self.max_requests:
             refusal = Refusal(

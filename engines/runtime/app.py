@@ -277,7 +277,7 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
-    if hasattr(signal, "SIGHUP"):
+    if hasattr(signal, "SIGHUP"):  # the platform's: Windows has none
         try:
             loop.add_signal_handler(signal.SIGHUP, on_hup)
         except (NotImplementedError, RuntimeError):

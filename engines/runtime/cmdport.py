@@ -42,7 +42,7 @@ from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_p
 from engines.runtime.calls import CallManager, EngineSettings
 from engines.runtime.load import LoadSnapshot
 from engines.runtime.metrics import MetricSource, engine_families
-from engines.runtime.playback import PlaybackMeter
+from engines.runtime.playback import play_as_produced
 from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -171,15 +171,10 @@ class CommandHandler:
 
     def _synth_blocking(self, text: str) -> tuple[FloatArray, float]:
         state = CallState(0, voice=self.settings.voice, speed=self.settings.speed)
-        meter = PlaybackMeter()  # the listener plays each chunk as it is produced
-        state.playback = meter
         token = CancelToken()
         t0 = time.perf_counter()
-        parts = []
-        for chunk in self.synth.synthesize(text, state, token):
-            part = as_mono_f32(chunk)
-            meter.sent(len(part), time.monotonic())
-            parts.append(part)
+        chunks = play_as_produced(state, lambda: self.synth.synthesize(text, state, token))
+        parts = [as_mono_f32(c) for c in chunks]
         elapsed = time.perf_counter() - t0
         raw = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
         return normalize_whole(raw), elapsed

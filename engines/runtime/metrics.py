@@ -53,6 +53,7 @@ def engine_families(
     stats: RuntimeStats, calls: CallManager, plan: PlanInfo | None = None
 ) -> list[Family]:
     st, p = stats, PREFIX
+    # getattr: the counters are listed by name (``METRIC_COUNTERS``), not probed
     fams = [counter(f"{p}{name}_total", getattr(st, name)) for name in METRIC_COUNTERS]
     fams.append(counter(f"{p}underrun_seconds_total", round(st.underrun_ms / 1000, 6)))
     fams.append(counter(f"{p}audio_seconds_sent_total", round(st.samples_sent / SAMPLE_RATE, 6)))

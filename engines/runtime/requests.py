@@ -20,7 +20,7 @@ real time from its first packet: the request gets its audio as fast as a caller
 would need it, plus up to ``MAX_AHEAD_S`` ahead, never ahead of phone calls whose
 listeners run dry first. A slow client (it reads less than real time) makes its
 own call wait in ``drain``; after ``WRITE_TIMEOUT`` it is dropped like a barge-in,
-so it never holds a synthesis slot.
+so it never holds synthesis capacity.
 """
 
 from __future__ import annotations

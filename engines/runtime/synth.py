@@ -137,7 +137,7 @@ _grant = threading.local()
 
 def unit_grant() -> UnitGrant:
     """The grant of the unit running in this thread (one core outside the pool)."""
-    got = getattr(_grant, "value", None)
+    got = getattr(_grant, "value", None)  # thread-local: unset in a thread the pool never ran
     return got if isinstance(got, UnitGrant) else UnitGrant()
 
 
