@@ -43,11 +43,12 @@ class SchedulerHeadroom:
         self.calls = calls
 
     def headroom_calls(self) -> float | None:
-        s = self.calls.synthesis()
-        in_use = s.running
-        if s.open_jobs is not None:
-            in_use = max(in_use, s.open_jobs)
-        return float(s.max_concurrent - in_use - s.waiting)
+        c = self.calls
+        in_use = c.running
+        if c.pool is not None:
+            _queued, _parked, _busy, open_jobs = c.pool.snapshot()
+            in_use = max(in_use, open_jobs)
+        return float(c.max_concurrent - in_use - c.waiting)
 
 
 class FirstKnown:
