@@ -36,8 +36,8 @@ class Headroom(Protocol):
 class SchedulerHeadroom:
     """Fallback ``Headroom``: ``--max-concurrent`` minus the utterances in synthesis (the
     scheduler's open jobs, or the running ones for a self-scheduled engine) and those
-    waiting for synthesis capacity. It knows nothing of compute per unit: a coarse stand-in for the
-    load meter."""
+    waiting for synthesis capacity. It knows nothing of compute per unit: a coarse
+    stand-in for the load meter."""
 
     def __init__(self, calls: CallManager) -> None:
         self.calls = calls
