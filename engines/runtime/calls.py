@@ -12,11 +12,7 @@ The synthesis driver is the engine's inference scheduler (``pool.SynthesisPool``
 ``--synth-workers`` threads, one deadline queue, one ``next()`` of an utterance's
 generator per unit of work). A synthesiser that schedules across calls itself
 (``synth.SelfScheduled``, Qwen3's batch scheduler) instead gets one thread per utterance
-that hands packets to the loop through a bounded ``channel.ChunkChannel``: its generator
-blocks until the batch scheduler has the utterance's next frames, so in the pool each
-utterance in progress would hold a pool worker while it waits, and more utterances than
-``--synth-workers`` could never be in the same batch (that engine's throughput). It goes
-when Qwen3's synthesiser no longer blocks in ``next()``.
+(``threaded.UtteranceThreads``; why it is kept is written there).
 
 Deadlines (``schedule``). An utterance's first unit is due when its text was received
 (or, if the call is still playing its previous utterance, when that runs dry minus the
@@ -37,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -46,7 +41,6 @@ from typing import Protocol, cast
 
 import structlog
 
-from engines.runtime.audio import UtteranceFramer
 from engines.runtime.calltable import (
     CALL_IDLE_S,
     MAX_CALLS,
@@ -61,22 +55,18 @@ from engines.runtime.calltable import (
     Utterance,
     UtteranceEnd,
 )
-from engines.runtime.channel import ChunkChannel
 from engines.runtime.load import LoadSnapshot
 from engines.runtime.playback import PlaybackMeter
-from engines.runtime.pool import Job, Step, SynthesisPool, close_generator
+from engines.runtime.pool import Job, Step, SynthesisPool
 from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
-    CallState,
-    CancelToken,
     ExecutionPlan,
     SelfScheduled,
-    SynthesisCancelled,
     Synthesizer,
     available_cpus,
 )
-from engines.runtime.threads import lower_thread_priority
+from engines.runtime.threaded import UtteranceThreads
 
 __all__ = [
     "AudioSink",
@@ -176,7 +166,8 @@ class CallManager:
         self.running = 0  # utterances holding it
         self._workers: dict[Call, _Worker] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.threads: set[threading.Thread] = set()  # self-scheduled utterance threads
+        #: the thread-per-utterance driver; None when the pool drives synthesis
+        self.threaded = UtteranceThreads(synth) if self.self_scheduled else None
 
     # -- what the table holds (read-only views) ----------------------------------------
 
@@ -294,7 +285,7 @@ class CallManager:
     def live_threads(self) -> int:
         """Synthesis threads still alive (pool workers or self-scheduled threads)."""
         pool = 0 if self.pool is None else self.pool.live_threads()
-        return pool + sum(1 for t in list(self.threads) if t.is_alive())
+        return pool + (0 if self.threaded is None else self.threaded.live())
 
     # -- carrying out the table's actions ------------------------------------------------
 
@@ -360,13 +351,34 @@ class CallManager:
     async def _synthesize(self, call: Call, utt: Utterance) -> None:
         meter = self.table.begin(call, utt)
         try:
-            if self.pool is None:
-                end = await self._run_thread(call, utt, meter)
+            if self.threaded is not None:
+                end = await self._run_threaded(call, utt, meter, self.threaded)
             else:
+                assert self.pool is not None
                 end = await self._run_pooled(call, utt, meter, self.pool)
         finally:
             self.table.end(call, meter)
         self.table.finished(call, utt, end, time.monotonic_ns())
+
+    async def _run_threaded(
+        self, call: Call, utt: Utterance, meter: PlaybackMeter, threaded: UtteranceThreads
+    ) -> UtteranceEnd:
+        """One utterance in its own thread (a self-scheduled synthesiser)."""
+        sink = self._sink(call)
+
+        async def pace() -> None:
+            if sink.write_paused:
+                await sink.drain()
+
+        return await threaded.run(
+            call.call_id,
+            call.state,
+            utt.text,
+            utt.token,
+            meter,
+            lambda pcm: self._send(call, utt, pcm),
+            pace,
+        )
 
     @staticmethod
     def _sink(call: Call) -> AudioSink:
@@ -440,34 +452,6 @@ class CallManager:
                 pool.release(job)
         return end
 
-    async def _run_thread(self, call: Call, utt: Utterance, meter: PlaybackMeter) -> UtteranceEnd:
-        """One utterance in its own thread (a self-scheduled synthesiser: module docstring)."""
-        chan = ChunkChannel(asyncio.get_running_loop())
-        sink = self._sink(call)
-        ctx = contextvars.copy_context()
-        th = threading.Thread(
-            target=ctx.run,
-            args=(self._produce, call.state, utt.text, utt.token, chan, meter),
-            name=f"synth-{call.call_id}",
-            daemon=True,
-        )
-        self.threads.add(th)
-        th.start()
-        end: UtteranceEnd | None = None
-        try:
-            while True:
-                item = await chan.get()
-                if isinstance(item, UtteranceEnd):
-                    end = item
-                    break
-                self._send(call, utt, item)
-                if sink.write_paused:
-                    await sink.drain()
-        finally:
-            if end is None:  # cancelled while waiting: the thread finishes on its own
-                utt.token.cancel()
-        return end
-
     def _send(self, call: Call, utt: Utterance, pcm: bytes, unit_start: bool = True) -> None:
         """Write one packet of the utterance now, unless the table's gate drops it."""
         # Barge-in gate: nothing may run between this check and the write.
@@ -477,37 +461,3 @@ class CallManager:
             self.table.unsent(call, utt)
             return
         self.table.sent(call, utt, len(pcm) // 4, time.monotonic_ns(), unit_start)
-
-    def _produce(
-        self,
-        state: CallState,
-        text: str,
-        token: CancelToken,
-        chan: ChunkChannel,
-        meter: PlaybackMeter,
-    ) -> None:
-        """Self-scheduled synthesis thread: run the blocking generator, frame, hand packets
-        to the loop."""
-        lower_thread_priority()
-        framer = UtteranceFramer()
-        error: BaseException | None = None
-        gen = None
-        try:
-            gen = self.synth.synthesize(text, state, token)
-            for chunk in gen:
-                if token.cancelled:
-                    break
-                for pcm in framer.process(chunk):
-                    meter.produced(len(pcm) // 4)
-                    if not chan.put(pcm, token):
-                        break
-                if token.cancelled or framer.truncated:
-                    break
-        except SynthesisCancelled:
-            pass
-        except BaseException as exc:  # reported on the loop; never kills other calls
-            error = exc
-        finally:
-            error = close_generator(gen, error)
-            chan.finish(framer.samples_out, framer.truncated, error)
-            self.threads.discard(threading.current_thread())
