@@ -20,6 +20,7 @@ from engines.kokoro.windows import (
     boundary_frames,
     window_piece,
 )
+from engines.runtime.playback import play_as_produced
 from engines.runtime.synth import CallState, CancelToken, FloatArray
 
 EN_SENTENCE = "Hello, how can I help you today?"
@@ -101,7 +102,11 @@ def speak(
     state: CallState | None = None,
     cancel: CancelToken | None = None,
 ) -> list[FloatArray]:
-    return list(synth.synthesize(text, state or CallState(call_id=1), cancel or CancelToken()))
+    """The utterance's chunks, for a listener that plays each as it is produced (the
+    runtime's playback clock, as in an offline cmd-port synthesis)."""
+    st = state or CallState(call_id=1)
+    token = cancel or CancelToken()
+    return list(play_as_produced(st, lambda: synth.synthesize(text, st, token)))
 
 
 def rms(audio: FloatArray) -> float:

@@ -1,5 +1,5 @@
-"""The router core (``ttsdock.router``) and the keepalive rule (``ttsdock.keepalive``) without
-sockets: decisions and the counters they move."""
+"""The router core (``ttsdock.router``) without sockets: decisions and the counters they move
+(the keepalive rule's tests are in ``test_svc_keepalive``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from protocol.mgmt import CallEnd, SpeechActive, SpeechIdle
 from protocol.packet import Packet
 from ttsdock.calls import CallTracker
 from ttsdock.hold import HoldBuffer
-from ttsdock.keepalive import Keepalive
 from ttsdock.router import (
     CallEnded,
     Dropped,
@@ -125,45 +124,3 @@ def test_held_text_expires_counted() -> None:
     assert r.expire(0.5) == []
     assert r.expire(1.0) == [Dropped("text_dropped", 3, "hold_expired", {"packets": 1, "bytes": 3})]
     assert r.stats.drops["hold_expired"] == 1
-
-
-# ------------------------------------------------------------------------------ keepalive
-def test_keepalive_times_out_after_two_ticks_past_the_deadline() -> None:
-    ka = Keepalive(0.0, timeout=0.6)
-    assert ka.tick(0.5) is False
-    assert ka.tick(0.7) is False  # first tick past the deadline: overdue only
-    assert ka.tick(0.75) is True
-
-
-def test_keepalive_pong_resets() -> None:
-    ka = Keepalive(0.0, timeout=0.6)
-    ka.tick(0.7)
-    ka.pong(0.72)
-    assert ka.tick(0.75) is False and ka.tick(1.0) is False
-
-
-def test_keepalive_does_not_count_paused_reading() -> None:
-    ka = Keepalive(0.0, timeout=0.6)
-    ka.pause(0.1)
-    for t in (0.5, 1.0, 5.0, 10.0):
-        assert ka.tick(t) is False  # the dock is not reading: PONGs cannot arrive
-    assert 0.09 < ka.silent_for(10.0) < 0.11
-    ka.resume(10.0)
-    assert ka.tick(10.4) is False
-    assert ka.tick(10.6) is False  # 0.1 + 0.6 silent: first tick overdue
-    assert ka.tick(10.65) is True
-
-
-def test_keepalive_pong_while_paused_restarts_the_pause() -> None:
-    ka = Keepalive(0.0, timeout=0.6)
-    ka.pause(1.0)
-    ka.pong(2.0)  # read in the same socket read that triggered the pause
-    ka.resume(3.0)
-    assert abs(ka.silent_for(3.0)) < 1e-9
-
-
-def test_keepalive_stall_credit() -> None:
-    ka = Keepalive(0.0, timeout=0.6)
-    ka.stalled(1.0)  # the dock's own loop did not run for a second
-    assert ka.tick(1.5) is False and ka.tick(1.55) is False
-    assert 0.54 < ka.silent_for(1.55) < 0.56

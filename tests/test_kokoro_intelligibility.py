@@ -34,6 +34,7 @@ from kokoro_helpers import shared_models_dir
 
 from engines.kokoro.models import DEFAULT_VOICE, KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.playback import play_as_produced
 from engines.runtime.synth import CallState, CancelToken, FloatArray
 
 pytestmark = [
@@ -110,7 +111,8 @@ def kokoro_onnx(models_dir: Path) -> Any:
 
 
 def speak(synth: KokoroSynthesizer, text: str, call_id: int) -> list[FloatArray]:
-    return list(synth.synthesize(text, CallState(call_id=call_id), CancelToken()))
+    state = CallState(call_id=call_id)  # a listener playing each chunk as it is produced
+    return list(play_as_produced(state, lambda: synth.synthesize(text, state, CancelToken())))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from engines.kokoro.backend import OnnxBackend, Prosody
 from engines.kokoro.models import KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import CONTEXT_FRAMES, CROSSFADE_SAMPLES, FRAME_SAMPLES
+from engines.runtime.playback import play_as_produced
 from engines.runtime.synth import CallState, CancelToken, FloatArray
 
 pytestmark = pytest.mark.slow
@@ -123,7 +124,8 @@ def run_sentence(engine: KokoroSynthesizer, text: str) -> Run:
     assert isinstance(backend, RecordingBackend)
     backend.decodes.clear()
     backend._units.clear()
-    pieces = list(engine.synthesize(text, CallState(call_id=7), CancelToken()))
+    state = CallState(call_id=7)
+    pieces = list(play_as_produced(state, lambda: engine.synthesize(text, state, CancelToken())))
     decodes = list(backend.decodes)
     assert {d.unit for d in decodes} == {0}, "the test sentence is one unit"
     assert len(decodes) >= 4, f"small windows give several joins: {decodes}"

@@ -18,7 +18,13 @@ from runtime_helpers import (
     running_engine,
 )
 
-from engines.runtime.calls import TRANSITIONS, CallInput, CallPhase, CallStateError, transition
+from engines.runtime.calltable import (
+    TRANSITIONS,
+    CallInput,
+    CallPhase,
+    CallStateError,
+    transition,
+)
 from protocol import CallEnd, Packet, Pong, SpeechActive, SpeechIdle
 
 

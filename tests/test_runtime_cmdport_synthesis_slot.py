@@ -9,7 +9,7 @@ from pathlib import Path
 
 from runtime_helpers import ToneSynth, cmd, free_port, running_engine
 
-from engines.runtime.cmdport import BENCH_MAX, CMD_SYNTH_SLOTS
+from engines.runtime.cmdport import BENCH_MAX, CMD_SYNTH_CONCURRENT
 
 D6 = r"\d+\.\d{6}"
 
@@ -21,7 +21,7 @@ async def wait_for(cond, within: float = 10.0) -> None:  # type: ignore[no-untyp
 
 
 def test_one_slot() -> None:
-    assert CMD_SYNTH_SLOTS == 1
+    assert CMD_SYNTH_CONCURRENT == 1
 
 
 async def test_concurrent_cmd_syntheses_run_one_at_a_time(tmp_path: Path) -> None:

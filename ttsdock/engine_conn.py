@@ -23,13 +23,14 @@ from protocol.framing import NEED_DATA
 from protocol.hello import REASON_TIMEOUT_OR_TOO_LONG, Hello, HelloRejected
 from protocol.mgmt import MAX_CUSTOM_ENGINE, Custom, MgmtMessage, Ping, Pong, encode_mgmt
 from protocol.packet import Packet
+from svc.keepalive import Keepalive
 from svc.net import is_loopback, tune_socket
-from ttsdock.keepalive import Keepalive
 
 log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT = 2.0  # docs/wire.md#handshake: the HELLO line must arrive within 2 s
 SHUTDOWN_GRACE = 2.0  # docs/wire.md#engine-slot: a replaced engine is force-closed after 2 s
+PONG_TIMEOUT = 0.6  # docs/wire.md#keepalive: > 600 ms without a PONG clears the slot
 ENGINE_BUFFER_BYTES = 8 << 20  # text/mgmt queued for an engine that does not read
 
 PING_FRAME = b"\x02\x04"
@@ -72,7 +73,7 @@ class EngineConn(asyncio.Protocol):
         self.peer = ""
         self.name = ""
         self.generation = 0
-        self.keepalive = Keepalive(self.loop.time())
+        self.keepalive = Keepalive(self.loop.time(), PONG_TIMEOUT)
         self.close_reason = "closed_by_engine"
         self._hello_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
@@ -149,7 +150,7 @@ class EngineConn(asyncio.Protocol):
         assert self.transport is not None
         self.name = hello.name
         self.transport.write(self.conn.accept())
-        self.keepalive = Keepalive(self.loop.time())
+        self.keepalive = Keepalive(self.loop.time(), PONG_TIMEOUT)
         self.generation = self.sink.engine_docked(self)
         if self.docked:
             self._frames()

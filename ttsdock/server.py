@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 
 from protocol.cmd import MAX_DOCK_COMMAND
+from svc.keepalive import Ticks
 from svc.logs import configure_logging
 from svc.net import is_loopback, start_cmd_server
 from svc.systemd import sd_notify, watchdog_loop
@@ -238,22 +239,21 @@ class Dock:
     async def _keepalive(self) -> None:
         """PING the active engine every 200 ms; > 600 ms without PONG clears the slot.
 
-        What counts as silence is ``ttsdock.keepalive``'s rule: not the time the dock's own
+        What counts as silence is ``svc.keepalive``'s rule: not the time the dock's own
         loop was stalled (this task woke more than ``STALL_SLACK`` late), not the time the
         dock paused reading the engine (back-pressure), and a deadline must hold at two
         ticks in a row. PINGs go out while reading is paused (writing is not)."""
         next_ping = 0.0
-        last_tick = self.loop.time()
+        ticks = Ticks(self.loop.time(), KEEPALIVE_TICK, STALL_SLACK)
         while True:
             await asyncio.sleep(KEEPALIVE_TICK)
             now = self.loop.time()
-            late = now - last_tick - KEEPALIVE_TICK
-            last_tick = now
+            late = ticks.late(now)
             eng = self.pipeline.engine
             if eng is None:
                 continue
             ka = eng.keepalive
-            if late > STALL_SLACK:
+            if late:
                 ka.stalled(late)
                 log.info("keepalive_stalled", engine=eng.name, late_ms=int(late * 1000))
             if ka.tick(now):

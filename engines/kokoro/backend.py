@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -146,8 +146,10 @@ class Prosody:
         return (e[0::2] + e[1::2]) * np.float32(0.5)
 
 
+@runtime_checkable
 class SplitBackend(Protocol):
-    """A backend that runs the two stages of ``graph_split`` separately."""
+    """A backend that runs the two stages of ``graph_split`` separately (``split`` says
+    whether it does now: it may fall back to the whole graph)."""
 
     split: bool
 
@@ -158,6 +160,20 @@ class SplitBackend(Protocol):
     def decode(
         self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
     ) -> FloatArray: ...
+
+
+@runtime_checkable
+class MarkedBackend(Protocol):
+    """Optional: a backend told the vocabulary ids of punctuation marks (at load)."""
+
+    def set_marks(self, marks: frozenset[int]) -> None: ...
+
+
+@runtime_checkable
+class ThreadedBackend(Protocol):
+    """Optional: a backend that picks the intra-op threads of a unit granted ``cores``."""
+
+    def threads_for(self, cores: int) -> int: ...
 
 
 class OnnxBackend:

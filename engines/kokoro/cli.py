@@ -235,7 +235,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         max_window=args.max_window,
         assume_rtf=args.assume_rtf,
         plan=args.plan,
-        name=getattr(args, "name", "kokoro"),
+        name=getattr(args, "name", "kokoro"),  # a parser without the engine's --name
         text=text_options(args),
     )
 

@@ -58,7 +58,14 @@ import numpy as np
 import structlog
 
 from engines.kokoro import audio as audio_ops
-from engines.kokoro.backend import Backend, OnnxBackend, Prosody, SplitBackend
+from engines.kokoro.backend import (
+    Backend,
+    MarkedBackend,
+    OnnxBackend,
+    Prosody,
+    SplitBackend,
+    ThreadedBackend,
+)
 from engines.kokoro.cache import AudioCache
 from engines.kokoro.converted import read_manifest
 from engines.kokoro.frontend import (
@@ -265,6 +272,11 @@ class KokoroSynthesizer:
         self.name = self.config.name
         self.config.check()
         self._backend = backend
+        # the backend's optional capabilities, checked once (here for a given backend,
+        # else at load)
+        self._split_backend: SplitBackend | None = None
+        self._thread_pick: ThreadedBackend | None = None
+        self._check_backend()
         self._voices: dict[str, VoicePack] = {}
         self._frontend: FrontEnd | None = None
         self._model_key = ""
@@ -346,9 +358,9 @@ class KokoroSynthesizer:
             if self._plan.crowded is not None:
                 self._speed.seed(1, self._plan.crowded, crowded=True)
         marks = frozenset(i for c, i in vocab.table.items() if c in MARK_CHARS)
-        set_marks = getattr(self._backend, "set_marks", None)
-        if callable(set_marks):
-            set_marks(marks)
+        self._check_backend()
+        if isinstance(self._backend, MarkedBackend):
+            self._backend.set_marks(marks)
         self._boundary_ids = marks | ({vocab.space} if vocab.space is not None else frozenset())
         if not self.split:
             log.warning(
@@ -475,10 +487,16 @@ class KokoroSynthesizer:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _check_backend(self) -> None:
+        b = self._backend
+        self._split_backend = b if isinstance(b, SplitBackend) else None
+        self._thread_pick = b if isinstance(b, ThreadedBackend) else None
+
     @property
     def split(self) -> bool:
         """True when sentences are decoded in windows (the backend runs split stages)."""
-        return bool(getattr(self._backend, "split", False))
+        b = self._split_backend
+        return b is not None and bool(b.split)
 
     @property
     def frontend(self) -> FrontEnd:
@@ -619,8 +637,8 @@ class KokoroSynthesizer:
 
     def _threads_for(self, grant: UnitGrant) -> int:
         """Intra-op threads a unit with ``grant`` runs with (the backend's choice)."""
-        pick = getattr(self._backend, "threads_for", None)
-        return int(pick(grant.cores)) if callable(pick) else 1
+        pick = self._thread_pick
+        return int(pick.threads_for(grant.cores)) if pick is not None else 1
 
     def _narrow_if_wide_is_slower(self) -> None:
         """Keep this unit to one thread while the wide session measures no faster (a box
@@ -651,20 +669,18 @@ class KokoroSynthesizer:
         # interleave them); with a core each, long windows waste fewer context frames
         return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
-    def _ahead_s(self, state: CallState, emitted_s: float, t_first: float | None) -> float:
-        """Audio queued ahead of the listener: the runtime's playback clock when it has
-        one, else what this generator emitted since its first piece."""
+    def _ahead_s(self, state: CallState) -> float:
+        """Audio queued ahead of the listener: the runtime's playback clock, which the
+        runtime supplies to every synthesis it drives; a synthesis outside the runtime has
+        no listener (0 s ahead; ``engines.runtime.playback.play_as_produced`` gives it one
+        that plays each chunk as it is produced)."""
         clock = state.playback
-        if clock is not None:
-            return float(clock.ahead_s())
-        if t_first is None:
-            return 0.0
-        return emitted_s - (time.perf_counter() - t_first)
+        return 0.0 if clock is None else float(clock.ahead_s())
 
-    def _budget_frames(self, state: CallState, emitted_s: float, t_first: float | None) -> int:
+    def _budget_frames(self, state: CallState) -> int:
         """Frames the next window may have so that it is ready before playback runs dry
         (``pacing.next_window_frames`` at this unit's grant)."""
-        ahead = self._ahead_s(state, emitted_s, t_first)
+        ahead = self._ahead_s(state)
         return next_window_frames(ahead, self._pace(unit_grant()), self.config.window_context)
 
     def _windows(
@@ -679,7 +695,6 @@ class KokoroSynthesizer:
         backend = cast(SplitBackend, self._backend)
         cfg = self.config
         emitted = 0
-        t_first: float | None = None
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
@@ -698,7 +713,7 @@ class KokoroSynthesizer:
                 context=cfg.window_context,
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
-            first_at = self._plan_start(planner, prosody, state, emitted, t_first)
+            first_at = self._plan_start(planner, prosody, state, emitted)
             budget: int | None = None
             while (w := planner.next(budget, first_at=first_at)) is not None:
                 cancel.raise_if_cancelled()
@@ -737,11 +752,9 @@ class KokoroSynthesizer:
                     threads=threads,
                 )
                 cancel.raise_if_cancelled()
-                if len(out) and t_first is None:
-                    t_first = time.perf_counter()
                 emitted += len(out)
                 yield out
-                budget = self._budget_frames(state, emitted / SAMPLE_RATE, t_first)
+                budget = self._budget_frames(state)
 
     def _plan_start(
         self,
@@ -749,7 +762,6 @@ class KokoroSynthesizer:
         prosody: Prosody,
         state: CallState,
         emitted: int,
-        t_first: float | None,
     ) -> int | None:
         """Where the sentence's first window ends (``pacing.plan_first_end``): the default
         short window when the measured speed keeps up, later on a slow CPU; the predicted
@@ -757,7 +769,7 @@ class KokoroSynthesizer:
         cfg = self.config
         grant = unit_grant()
         pace = self._pace(grant)
-        ahead: float | None = self._ahead_s(state, emitted / SAMPLE_RATE, t_first)
+        ahead: float | None = self._ahead_s(state)
         if emitted == 0 and ahead is not None and ahead <= 0:
             ahead = None  # the listener waits for this sentence: its start is not a gap
         longest = None if grant.share >= 1.0 else cfg.max_window

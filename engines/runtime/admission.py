@@ -36,8 +36,8 @@ class Headroom(Protocol):
 class SchedulerHeadroom:
     """Fallback ``Headroom``: ``--max-concurrent`` minus the utterances in synthesis (the
     scheduler's open jobs, or the running ones for a self-scheduled engine) and those
-    waiting for a slot. It knows nothing of compute per unit: a coarse stand-in for the
-    load meter."""
+    waiting for synthesis capacity. It knows nothing of compute per unit: a coarse
+    stand-in for the load meter."""
 
     def __init__(self, calls: CallManager) -> None:
         self.calls = calls
@@ -90,7 +90,8 @@ class Admission:
         self.refused: Counter[str] = Counter()
 
     def admit(self) -> Refusal | None:
-        """Take a request slot, or return why not (counted). Pair with ``release``."""
+        """Take one of the ``max_requests`` places, or return why not (counted). Pair with
+        ``release``."""
         refusal: Refusal | None = None
         if self.active >= self.max_requests:
             refusal = Refusal(

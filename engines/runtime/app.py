@@ -25,16 +25,12 @@ from pathlib import Path
 
 import structlog
 
-from engines.runtime.calls import (
-    CALL_IDLE_S,
-    MAX_CALLS,
-    SYNTH_WORKERS,
-    CallManager,
-    EngineSettings,
-)
+from engines.runtime.calls import CallManager, EngineSettings
+from engines.runtime.calltable import CALL_IDLE_S, MAX_CALLS
 from engines.runtime.client import EngineClient
 from engines.runtime.cmdport import CommandHandler, reload_lexicon_reply
 from engines.runtime.protocols import ProtocolConfig, ProtocolServers
+from engines.runtime.schedule import SYNTH_WORKERS
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import ExecutionPlan, Synthesizer
 from engines.runtime.threads import in_thread, live_threads
@@ -155,7 +151,7 @@ class Engine:
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():
             self.stop_reason = reason
-            self.calls.closing = True  # stop taking work at once
+            self.calls.stop_intake()  # stop taking work at once
             self.supervisor.begin_close()
             self.stop.set()
 
@@ -282,7 +278,7 @@ async def _amain(synth: Synthesizer, config: EngineConfig) -> int:
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
-    if hasattr(signal, "SIGHUP"):
+    if hasattr(signal, "SIGHUP"):  # the platform's: Windows has none
         try:
             loop.add_signal_handler(signal.SIGHUP, on_hup)
         except (NotImplementedError, RuntimeError):

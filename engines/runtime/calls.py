@@ -1,149 +1,83 @@
-"""Per-call workers: FIFO text queues, barge-in, CALL_END, and the synthesis threads.
+"""Per-call workers: the asyncio shell that carries out the call table's decisions.
 
-Rule 1: everything a call id owns lives here: its ``CallState``, its text
-queue, its lifecycle phase (a small transition table, below) and the one
-utterance it is speaking. All of it is touched only on the event loop; the
-synthesis itself runs off the loop: by default in the engine's inference
-scheduler (``pool.SynthesisPool``: ``--synth-workers`` threads, one deadline
-queue, one ``next()`` of an utterance's generator per unit of work), or, for a
-synthesiser that sets ``self_scheduled``, in a thread per utterance that hands
-packets to the loop through a bounded ``ChunkChannel``.
+Rule 1: this file only reads, waits, writes and times. Every decision about a call (open,
+queue, cut, end, evict, send or drop, what to count) is ``calltable.CallTable``'s; this
+file turns dock events into table calls, carries out the actions it returns (start a
+call's worker task, wake it), and drives each utterance's synthesis off the loop.
+Rule 2: this file does not know the wire: audio leaves through an ``AudioSink`` (the
+dock client; for a protocol request, HTTP or Wyoming, the sink of that request:
+``open_request``, ``engines.runtime.requests``), and events arrive as method calls.
 
-Deadlines (``schedule``). An utterance's first unit is due when its text was
-received (or, if the call is still playing its previous utterance, when that
-runs dry minus the engine's estimate of a first unit), so it goes ahead of
-later units of calls that still have audio queued. After each unit the
-utterance is re-queued, due when its listener runs dry (``playback``: first
-packet + audio produced, shifted by underruns) minus its estimated next unit
-(EMA of its own units, seeded with the engine's), and parked while more than
-``max_ahead_s`` of its audio is queued ahead of playback. The runtime pulls the
-next unit only after it has sent the last one (and the dock socket has drained),
-so a call whose queue is full stops pulling from synthesis.
-Rule 2: this file does not know the wire: audio leaves through an
-``AudioSink`` (the dock client; for a protocol request, HTTP or Wyoming, the
-sink of that request: ``open_request``, ``engines.runtime.requests``), and
-events arrive as method calls.
+The synthesis driver is the engine's inference scheduler (``pool.SynthesisPool``:
+``--synth-workers`` threads, one deadline queue, one ``next()`` of an utterance's
+generator per unit of work). A synthesiser that schedules across calls itself
+(``synth.SelfScheduled``, Qwen3's batch scheduler) instead gets one thread per utterance
+(``threaded.UtteranceThreads``; why it is kept is written there).
 
-Barge-in guarantee: ``on_speech_active`` runs synchronously when the
-SPEECH_ACTIVE frame is decoded; it cancels the utterance's token, and the
-sender checks that token immediately before every socket write with no
-``await`` in between, so no audio packet of that call is written after the
-SPEECH_ACTIVE frame has been processed (packets already produced are dropped
-and counted as ``packets_suppressed``).
+Deadlines (``schedule``). An utterance's first unit is due when its text was received
+(or, if the call is still playing its previous utterance, when that runs dry minus the
+engine's estimate of a first unit), so it goes ahead of later units of calls that still
+have audio queued. After each unit the utterance is re-queued, due when its listener
+runs dry (``playback``: first packet + audio produced, shifted by underruns) minus its
+estimated next unit (EMA of its own units, seeded with the engine's), and parked while
+more than ``max_ahead_s`` of its audio is queued ahead of playback. The runtime pulls
+the next unit only after it has sent the last one (and the dock socket has drained), so
+a call whose queue is full stops pulling from synthesis.
 
-Bounded calls: a call whose CALL_END never arrives (LLaMA crashed, a dock
-restart lost it) must not keep its worker forever. A call that is not
-speaking (nothing queued, no utterance in progress) is evicted after
-``idle_s`` without any event of its own, and when more than ``max_calls``
-calls are live the least recently active idle call is evicted to make room.
-A speaking call is never evicted. An evicted call that later gets text simply
-reopens (fresh ``CallState``). Evictions are counted (``calls_evicted``) and
-logged (``call_evicted``).
+Barge-in guarantee: ``on_speech_active`` runs synchronously when the SPEECH_ACTIVE frame
+is decoded; the table cancels the utterance's token, and ``_send`` asks the table's gate
+immediately before every socket write with no ``await`` in between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
-import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, cast
 
 import structlog
 
-from engines.runtime.audio import UtteranceFramer
-from engines.runtime.load import LoadMeter, LoadSnapshot
-from engines.runtime.playback import PlaybackMeter
-from engines.runtime.pool import Job, Step, SynthesisPool, close_generator
-from engines.runtime.schedule import (
-    MAX_AHEAD_S,
-    SYNTH_WORKERS,
-    StepEstimate,
-    deadline_for,
-    start_deadline,
+from engines.runtime.calltable import (
+    CALL_IDLE_S,
+    MAX_CALLS,
+    Action,
+    Call,
+    CallPhase,
+    CallsSnapshot,
+    CallTable,
+    EngineSettings,
+    RequestHooks,
+    StartWorker,
+    Utterance,
+    UtteranceEnd,
 )
+from engines.runtime.load import LoadSnapshot
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
-    SAMPLE_RATE,
-    CallState,
-    CancelToken,
     ExecutionPlan,
-    SynthesisCancelled,
-    SynthesisError,
+    SelfScheduled,
     Synthesizer,
     available_cpus,
 )
-from engines.runtime.threads import lower_thread_priority
-from svc.lru import EndedCalls
+from engines.runtime.threaded import UtteranceThreads
+
+__all__ = [
+    "AudioSink",
+    "CallManager",
+    "CallPhase",
+    "EngineSettings",
+    "RequestHooks",
+    "SynthesisFigures",
+]
 
 log = structlog.get_logger(__name__)
-
-CHANNEL_PACKETS = 32  # packets (<= 200 ms each) a synthesis thread may run ahead of the socket
-MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
-ENDED_MEMORY = 1000  # WIRE.md 2: remember at least the last 1000 ended call ids
-SLOT_POLL = 0.1  # seconds: a blocked producer re-checks its cancel token this often
-CALL_IDLE_S = 600.0  # a call silent (no text, no speech event) this long is evicted
-MAX_CALLS = 4096  # live calls kept; beyond, the least recently active idle call is evicted
-
-
-class CallPhase(enum.Enum):
-    IDLE = "idle"  # no text pending
-    SPEAKING = "speaking"  # an utterance is queued or being spoken
-    INTERRUPTED = "interrupted"  # the caller is speaking (barge-in); nothing queued
-    ENDED = "ended"  # terminal
-
-
-class CallInput(enum.Enum):
-    TEXT = "text"
-    DRAINED = "drained"  # the worker finished an utterance and its queue is empty
-    SPEECH_ACTIVE = "speech_active"
-    SPEECH_IDLE = "speech_idle"
-    CALL_END = "call_end"
-
-
-_P, _I = CallPhase, CallInput
-#: The call lifecycle (STYLE.md 1). A missing key is a bug: ``CallStateError``.
-#: Text that arrives while the caller is speaking is queued and spoken: the
-#: barge-in cancels what was queued or speaking when SPEECH_ACTIVE arrived.
-TRANSITIONS: dict[CallPhase, dict[CallInput, CallPhase]] = {
-    _P.IDLE: {
-        _I.TEXT: _P.SPEAKING,
-        _I.DRAINED: _P.IDLE,
-        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
-        _I.SPEECH_IDLE: _P.IDLE,
-        _I.CALL_END: _P.ENDED,
-    },
-    _P.SPEAKING: {
-        _I.TEXT: _P.SPEAKING,
-        _I.DRAINED: _P.IDLE,
-        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
-        _I.SPEECH_IDLE: _P.SPEAKING,
-        _I.CALL_END: _P.ENDED,
-    },
-    _P.INTERRUPTED: {
-        _I.TEXT: _P.SPEAKING,
-        _I.DRAINED: _P.INTERRUPTED,
-        _I.SPEECH_ACTIVE: _P.INTERRUPTED,
-        _I.SPEECH_IDLE: _P.IDLE,
-        _I.CALL_END: _P.ENDED,
-    },
-    _P.ENDED: {},
-}
-
-
-class CallStateError(RuntimeError):
-    """An input the lifecycle table does not allow (a runtime bug, never a peer's)."""
-
-
-def transition(phase: CallPhase, event: CallInput) -> CallPhase:
-    try:
-        return TRANSITIONS[phase][event]
-    except KeyError:
-        raise CallStateError(f"{event.value} not allowed in phase {phase.value}") from None
 
 
 class AudioSink(Protocol):
@@ -158,150 +92,30 @@ class AudioSink(Protocol):
     async def drain(self) -> None: ...
 
 
-class RequestHooks(Protocol):
-    """What a protocol request adds to its call: its own voice and speed (``None``: the
-    engine's), and a callback after each of its utterances (done, failed or cancelled)."""
+@dataclass(frozen=True, slots=True)
+class SynthesisFigures:
+    """The synthesis side's figures (``CallManager.synthesis``) for STATS and METRICS.
 
-    voice: str | None
-    speed: float | None
+    ``workers`` and the ``sched_*`` figures are ``None`` for a self-scheduled synthesiser
+    (no pool)."""
 
-    def utterance_ended(self) -> None: ...
-
-
-@dataclass
-class EngineSettings:
-    """Engine-wide settings changed from the cmd port; snapshotted per utterance."""
-
-    voice: str | None = None
-    speed: float = 1.0
-
-
-class _End:
-    __slots__ = ("error", "samples", "truncated")
-
-    def __init__(self, samples: int, truncated: bool, error: BaseException | None) -> None:
-        self.samples = samples
-        self.truncated = truncated
-        self.error = error
+    running: int  # utterances holding synthesis capacity
+    waiting: int  # utterances waiting for it
+    max_concurrent: int
+    workers: int | None
+    queued: int | None = None
+    parked: int | None = None
+    busy: int | None = None
+    open_jobs: int | None = None
 
 
-class ChunkChannel:
-    """Thread -> loop hand-off of packet PCM, bounded at ``size`` packets in flight.
+class _Worker:
+    """The asyncio side of one call: the event its task waits on."""
 
-    The producer thread takes a slot per packet (blocking while the loop is
-    behind, re-checking its cancel token every ``SLOT_POLL``) and posts with
-    ``call_soon_threadsafe``; the consumer frees the slot when it takes the
-    packet. The end marker needs no slot, so the producer can always finish.
-    """
+    __slots__ = ("wakeup",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int = CHANNEL_PACKETS) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[bytes | _End] = asyncio.Queue()
-        self._slots = threading.Semaphore(size)
-
-    def put(self, pcm: bytes, token: CancelToken) -> bool:
-        while not self._slots.acquire(timeout=SLOT_POLL):
-            if token.cancelled:
-                return False
-        return self._post(pcm)
-
-    def finish(self, samples: int, truncated: bool, error: BaseException | None) -> None:
-        self._post(_End(samples, truncated, error))
-
-    def _post(self, item: bytes | _End) -> bool:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # loop closed: the process is exiting
-            return False
-        return True
-
-    async def get(self) -> bytes | _End:
-        item = await self._queue.get()
-        if not isinstance(item, _End):
-            self._slots.release()
-        return item
-
-
-@dataclass
-class Utterance:
-    text: str
-    t_rx_ns: int
-    token: CancelToken = field(default_factory=CancelToken)
-    t_bargein_ns: int | None = None
-    packets: int = 0
-    meter: PlaybackMeter | None = None
-    ttfa_ms: float | None = None
-    ahead_min_s: float = float("inf")  # queued-ahead audio when a later unit arrived
-    ahead_max_s: float = 0.0
-    steps: int = 0
-    compute_s: float = 0.0
-    wait_s: float = 0.0  # time its units waited in the scheduler while ready
-
-
-class CallWorker:
-    """One call id: state, FIFO text queue, phase, and the task that speaks it."""
-
-    def __init__(self, call_id: int, sink: AudioSink) -> None:
-        self.state = CallState(call_id)
-        self.sink = sink  # where its audio goes: the dock, or a protocol request's client
-        self.request: RequestHooks | None = None  # set for a protocol request (``open_request``)
-        self.phase = CallPhase.IDLE
-        self.queue: deque[tuple[str, int]] = deque()
-        self.current: Utterance | None = None
-        self.closed = False
+    def __init__(self) -> None:
         self.wakeup = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.utterances = 0
-        self.packets = 0
-        self.bargeins = 0
-        self.last_active = 0.0  # clock time of the call's last event (or end of speech)
-        self.play_until = 0.0  # monotonic time its listener runs dry of the audio sent
-        self.last_ttfa_ms = 0.0
-        self.underruns = 0
-        self.underrun_ms = 0.0
-
-    @property
-    def call_id(self) -> int:
-        return self.state.call_id
-
-    def apply(self, event: CallInput) -> None:
-        new = transition(self.phase, event)
-        if new is not self.phase:
-            log.debug(
-                "call_phase_changed",
-                call_id=self.call_id,
-                old=self.phase.value,
-                new=new.value,
-                cause=event.value,
-            )
-            self.phase = new
-
-    def cut(self, t_ns: int | None = None) -> bool:
-        """Clear the queue and cancel the utterance in progress; ``True`` if anything was cut."""
-        cut = bool(self.queue)
-        self.queue.clear()
-        self.play_until = 0.0  # what was queued at the listener is flushed
-        cur = self.current
-        if cur is not None and not cur.token.cancelled:
-            cur.token.cancel()
-            cur.t_bargein_ns = t_ns
-            cut = True
-        return cut
-
-    def depth(self) -> int:
-        return len(self.queue) + (1 if self.current is not None else 0)
-
-    def ahead_s(self) -> float:
-        """Audio of the utterance in progress queued ahead of its listener (0 if none)."""
-        cur = self.current
-        if cur is None or cur.meter is None or not cur.meter.started:
-            return 0.0
-        return cur.meter.ahead_s()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued, nothing being spoken: the call may be evicted."""
-        return self.phase is not CallPhase.SPEAKING and not self.queue and self.current is None
 
 
 class CallManager:
@@ -327,205 +141,127 @@ class CallManager:
             raise ValueError(f"synth_workers must be >= 1, got {synth_workers}")
         if not max_ahead_s > 0:
             raise ValueError(f"max_ahead_s must be > 0, got {max_ahead_s}")
-        if not idle_s > 0:
-            raise ValueError(f"call idle time must be > 0 s, got {idle_s}")
-        if max_calls < 1:
-            raise ValueError(f"max_calls must be >= 1, got {max_calls}")
         self.synth = synth
         self.sink = sink
         self.stats = stats
         self.settings = settings
         self.max_concurrent = max_concurrent
-        self.idle_s = idle_s
-        self.max_calls = max_calls
-        self.clock = clock
-        #: live calls, least recently active first (``_touch`` moves a call to the end)
-        self.calls: OrderedDict[int, CallWorker] = OrderedDict()
-        self.calls_evicted: dict[str, int] = {"idle": 0, "cap": 0}
-        self._ended = EndedCalls(ENDED_MEMORY)
-        self._sem = asyncio.Semaphore(max_concurrent)
-        self.waiting = 0  # utterances waiting for a synthesis slot
-        self.running = 0  # utterances holding a slot
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.threads: set[threading.Thread] = set()  # self-scheduled utterance threads
-        self.closing = False
-        self.self_scheduled = bool(getattr(synth, "self_scheduled", False))
+        self.clock = clock  # lifecycle time (idle eviction); tests pass their own
+        #: checked once, at load: a self-scheduled synthesiser gets the thread driver
+        self.self_scheduled = isinstance(synth, SelfScheduled) and synth.self_scheduled
         self.synth_workers = synth_workers
-        self.max_ahead_s = max_ahead_s
         #: the inference scheduler; None for a self-scheduled synthesiser
         self.pool = None if self.self_scheduled else SynthesisPool(synth_workers)
-        #: utilisation and headroom over the pool's recent units (``load.py``)
-        self.load = LoadMeter(available_cpus() if self.pool is None else self.pool.cpus)
-        self.first_unit = StepEstimate()  # engine-wide compute of an utterance's first unit
-        self.later_unit = StepEstimate()  # ... and of its later units
+        self.table = CallTable(
+            stats,
+            settings,
+            cpus=available_cpus() if self.pool is None else self.pool.cpus,
+            idle_s=idle_s,
+            max_calls=max_calls,
+            max_ahead_s=max_ahead_s,
+            playback_clock=time.monotonic,
+        )
+        self._capacity = asyncio.Semaphore(max_concurrent)  # utterances synthesised at once
+        self.waiting = 0  # utterances waiting for synthesis capacity
+        self.running = 0  # utterances holding it
+        self._workers: dict[Call, _Worker] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: the thread-per-utterance driver; None when the pool drives synthesis
+        self.threaded = UtteranceThreads(synth) if self.self_scheduled else None
+
+    # -- what the table holds (read-only views) ----------------------------------------
+
+    @property
+    def calls(self) -> OrderedDict[int, Call]:
+        """Live calls, least recently active first (the table's; tests read it)."""
+        return self.table.calls
+
+    @property
+    def calls_evicted(self) -> dict[str, int]:
+        return self.table.calls_evicted
+
+    @property
+    def closing(self) -> bool:
+        return self.table.closing
+
+    @property
+    def max_ahead_s(self) -> float:
+        return self.table.max_ahead_s
+
+    @max_ahead_s.setter
+    def max_ahead_s(self, value: float) -> None:
+        self.table.max_ahead_s = value
+
+    def is_open(self, call_id: int) -> bool:
+        return self.table.is_open(call_id)
+
+    def active_calls(self) -> int:
+        return len(self.table.calls)
+
+    def snapshot(self, limit: int) -> CallsSnapshot:
+        """The calls' figures (at most ``limit`` listed one by one): STATS, METRICS."""
+        return self.table.snapshot(limit)
+
+    def synthesis(self) -> SynthesisFigures:
+        """The synthesis side's figures: capacity in use and the pool's queue."""
+        pool = self.pool
+        if pool is None:
+            return SynthesisFigures(self.running, self.waiting, self.max_concurrent, None)
+        queued, parked, busy, open_jobs = pool.snapshot()
+        return SynthesisFigures(
+            self.running,
+            self.waiting,
+            self.max_concurrent,
+            pool.workers,
+            queued,
+            parked,
+            busy,
+            open_jobs,
+        )
 
     # -- events from the dock (all synchronous, on the loop) -------------------------------
 
     def on_text(self, call_id: int, payload: bytes, t_rx_ns: int) -> None:
-        self.stats.texts_received += 1
-        text = payload.decode("utf-8", errors="replace").strip()
-        if not text:
-            log.debug("text_ignored", call_id=call_id, reason="empty")
-            return
-        if self.closing:
-            self._drop(call_id, "shutting_down")
-            return
-        w = self.calls.get(call_id)
-        if w is None:
-            if call_id in self._ended:
-                self._ended.discard(call_id)
-                log.info("call_reopened", call_id=call_id)
-            w = self._open(call_id)
-        self._touch(w)
-        if len(w.queue) >= MAX_QUEUED_TEXTS:
-            self._drop(call_id, "queue_full")
-            return
-        w.queue.append((text, t_rx_ns))
-        w.apply(CallInput.TEXT)
-        w.wakeup.set()
+        self._apply(self.table.text(call_id, payload, t_rx_ns, self.clock()))
 
     def on_speech_active(self, call_id: int, t_rx_ns: int) -> None:
-        w = self.calls.get(call_id)
-        if w is None:
-            if call_id in self._ended or self.closing:
-                return
-            w = self._open(call_id)
-        self._touch(w)
-        if w.cut(t_rx_ns):
-            w.bargeins += 1
-            self.stats.bargeins += 1
-            self.stats.bargein_mute.add((time.monotonic_ns() - t_rx_ns) / 1e6)
-            log.info("bargein_applied", call_id=call_id)
-        w.apply(CallInput.SPEECH_ACTIVE)
+        self._apply(self.table.speech_active(call_id, t_rx_ns, self.clock(), time.monotonic_ns()))
 
     def on_speech_idle(self, call_id: int) -> None:
-        w = self.calls.get(call_id)
-        if w is None:
-            if call_id in self._ended or self.closing:
-                return
-            w = self._open(call_id)  # prewarm: the caller will likely get an answer soon
-        self._touch(w)
-        w.apply(CallInput.SPEECH_IDLE)
+        self._apply(self.table.speech_idle(call_id, self.clock()))
 
     def on_call_end(self, call_id: int) -> None:
-        w = self.calls.pop(call_id, None)
-        self._ended.add(call_id)
-        if w is None:
-            return
-        w.apply(CallInput.CALL_END)
-        w.cut()
-        w.closed = True
-        w.wakeup.set()
-        self.stats.calls_ended += 1
-        log.info("call_ended", call_id=call_id, utterances=w.utterances, packets=w.packets)
+        self._apply(self.table.call_end(call_id))
 
     def on_link_lost(self) -> None:
-        """The dock is gone: abandon every call's pending audio (the new dock would not
-        know these utterances); calls keep their state (voice, prosody)."""
-        abandoned = 0
-        for w in self.calls.values():
-            if w.request is None and w.cut():  # a protocol request's client is still there
-                abandoned += 1
-        if abandoned:
-            log.info("utterances_abandoned", calls=abandoned, reason="dock_lost")
+        self.table.link_lost()
 
     def open_request(self, call_id: int, sink: AudioSink, hooks: RequestHooks) -> None:
         """Open a call for a protocol request (HTTP, Wyoming; ``engines.runtime.requests``):
         a call like a docked one (text through ``on_text``, cancel through
         ``on_speech_active``, end through ``on_call_end``), whose audio goes to ``sink``."""
-        if call_id in self.calls:
-            raise ValueError(f"call {call_id} is already open")
-        w = self._open(call_id)
-        w.sink = sink
-        w.request = hooks
+        self._apply(self.table.open_request(call_id, sink, hooks, self.clock()))
 
-    # -- lifecycle -------------------------------------------------------------------------
-
-    def _touch(self, w: CallWorker) -> None:
-        w.last_active = self.clock()
-        if self.calls.get(w.call_id) is w:
-            self.calls.move_to_end(w.call_id)
-
-    def _open(self, call_id: int) -> CallWorker:
-        if len(self.calls) >= self.max_calls:
-            self._evict_over_cap(self.max_calls - 1)
-        w = CallWorker(call_id, self.sink)
-        w.last_active = self.clock()
-        self.calls[call_id] = w
-        self.stats.calls_started += 1
-        ctx = contextvars.copy_context()
-        task = asyncio.get_running_loop().create_task(
-            self._run(w), name=f"call-{call_id}", context=ctx
-        )
-        w.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        log.debug("call_opened", call_id=call_id)
-        return w
-
-    def _evict(self, w: CallWorker, reason: str) -> None:
-        """Forget an idle call without CALL_END; its worker task ends at once."""
-        assert w.idle, "a speaking call is never evicted"
-        del self.calls[w.call_id]
-        w.apply(CallInput.CALL_END)
-        w.closed = True
-        w.wakeup.set()
-        self.calls_evicted[reason] += 1
-        log.info(
-            "call_evicted",
-            call_id=w.call_id,
-            reason=reason,
-            idle_s=round(self.clock() - w.last_active, 1),
-            utterances=w.utterances,
-            live=len(self.calls),
-        )
-
-    def _evict_over_cap(self, keep: int) -> int:
-        """Evict least recently active idle calls until at most ``keep`` remain."""
-        evicted = 0
-        if len(self.calls) <= keep:
-            return 0
-        for w in list(self.calls.values()):  # least recently active first
-            if len(self.calls) <= keep:
-                break
-            if w.idle:
-                self._evict(w, "cap")
-                evicted += 1
-        if len(self.calls) > keep:
-            log.warning("calls_over_cap", live=len(self.calls), cap=self.max_calls)
-        return evicted
+    def stop_intake(self) -> None:
+        """Take no new work from now on (shutdown has begun); calls finish or are closed."""
+        self.table.closing = True
 
     def sweep(self) -> int:
-        """Evict calls idle for ``idle_s`` or more, then enforce ``max_calls``; the count."""
-        limit = self.clock() - self.idle_s
-        evicted = 0
-        for w in list(self.calls.values()):
-            if w.last_active > limit:
-                break  # ordered by activity: every later call is more recent
-            if w.idle:
-                self._evict(w, "idle")
-                evicted += 1
-        return evicted + self._evict_over_cap(self.max_calls)
+        """Evict idle calls and enforce ``max_calls`` now; the number evicted."""
+        actions = self.table.sweep(self.clock())
+        self._apply(actions)
+        return len(actions)
 
     async def sweep_forever(self) -> None:
         """The engine's idle-call sweeper task (``Engine.start``)."""
-        interval = min(max(self.idle_s / 4, 0.01), 30.0)
-        while not self.closing:
+        interval = min(max(self.table.idle_s / 4, 0.01), 30.0)
+        while not self.table.closing:
             await asyncio.sleep(interval)
             self.sweep()
 
-    def _drop(self, call_id: int, reason: str) -> None:
-        self.stats.texts_dropped += 1
-        log.warning("text_dropped", call_id=call_id, reason=reason)
-
     async def close(self, grace: float) -> None:
         """Stop taking work, cancel every synthesis, wait up to ``grace`` s for workers."""
-        self.closing = True
-        for call_id in list(self.calls):
-            w = self.calls.pop(call_id)
-            w.cut()
-            w.closed = True
-            w.wakeup.set()
+        self._apply(self.table.close())
         tasks = set(self._tasks)
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=grace)
@@ -540,7 +276,7 @@ class CallManager:
         """Utilisation, capacity and headroom now (``load.py``); the engine's own capacity
         estimate stands in until enough work was measured."""
         estimate = self.synth.plan().capacity if isinstance(self.synth, ExecutionPlan) else None
-        return self.load.snapshot(time.monotonic(), estimate)
+        return self.table.load_snapshot(time.monotonic(), estimate)
 
     def headroom_calls(self) -> float | None:
         """How many more calls the engine predicts it can take (None: unknown)."""
@@ -549,80 +285,109 @@ class CallManager:
     def live_threads(self) -> int:
         """Synthesis threads still alive (pool workers or self-scheduled threads)."""
         pool = 0 if self.pool is None else self.pool.live_threads()
-        return pool + sum(1 for t in list(self.threads) if t.is_alive())
+        return pool + (0 if self.threaded is None else self.threaded.live())
+
+    # -- carrying out the table's actions ------------------------------------------------
+
+    def _apply(self, actions: Iterable[Action]) -> None:
+        for action in actions:
+            call = action.call
+            if isinstance(action, StartWorker):
+                self._start(call)
+            else:
+                worker = self._workers.get(call)
+                if worker is not None:
+                    worker.wakeup.set()
+
+    def _start(self, call: Call) -> None:
+        if call.sink is None:
+            call.sink = self.sink
+        self._workers[call] = _Worker()
+        ctx = contextvars.copy_context()
+        task = asyncio.get_running_loop().create_task(
+            self._run(call), name=f"call-{call.call_id}", context=ctx
+        )
+        call.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: self._workers.pop(call, None))
 
     # -- the worker ------------------------------------------------------------------------
 
-    async def _run(self, w: CallWorker) -> None:
-        structlog.contextvars.bind_contextvars(call_id=w.call_id)
-        while not w.closed:
-            if not w.queue:
-                w.apply(CallInput.DRAINED)
-                if w.utterances:  # idle time counts from the end of the last utterance
-                    self._touch(w)
-                w.wakeup.clear()
-                await w.wakeup.wait()
+    async def _run(self, call: Call) -> None:
+        structlog.contextvars.bind_contextvars(call_id=call.call_id)
+        worker = self._workers[call]
+        while not call.closed:
+            utt = self.table.next_utterance(call, self.clock())
+            if utt is None:
+                worker.wakeup.clear()
+                await worker.wakeup.wait()
                 continue
-            text, t_rx_ns = w.queue.popleft()
-            utt = Utterance(text, t_rx_ns)
-            w.current = utt
             try:
-                await self._speak(w, utt)
+                await self._speak(call, utt)
             except asyncio.CancelledError:
                 utt.token.cancel()
                 raise
             except Exception:  # a runtime bug must not take the other calls down
-                log.exception("utterance_crashed", call_id=w.call_id)
+                log.exception("utterance_crashed", call_id=call.call_id)
                 utt.token.cancel()
             finally:
-                w.current = None
-                if w.request is not None:
-                    w.request.utterance_ended()
+                self.table.utterance_done(call)
 
-    async def _speak(self, w: CallWorker, utt: Utterance) -> None:
+    async def _speak(self, call: Call, utt: Utterance) -> None:
         self.waiting += 1
         try:
-            await self._sem.acquire()
+            await self._capacity.acquire()
         finally:
             self.waiting -= 1
         self.running += 1
         try:
-            if utt.token.cancelled or w.closed:
-                self.stats.utterances_cancelled += 1
-                return
-            self.stats.queue_wait.add((time.monotonic_ns() - utt.t_rx_ns) / 1e6)
-            await self._synthesize(w, utt)
+            if self.table.admitted(call, utt, time.monotonic_ns()):
+                await self._synthesize(call, utt)
         finally:
             self.running -= 1
-            self._sem.release()
+            self._capacity.release()
 
-    async def _synthesize(self, w: CallWorker, utt: Utterance) -> None:
-        st = w.state
-        req = w.request
-        st.voice = self.settings.voice if req is None or req.voice is None else req.voice
-        st.speed = self.settings.speed if req is None or req.speed is None else req.speed
-        st.utterances += 1
-        w.utterances += 1
-        self.stats.utterances_started += 1
-        # the listener still plays the call's previous utterance (text came meanwhile)
-        playing = w.play_until > utt.t_rx_ns / 1e9
-        meter = PlaybackMeter(not_before=w.play_until if playing else 0.0)
-        utt.meter = meter
-        st.playback = meter
-        log.debug("utterance_started", call_id=w.call_id, chars=len(utt.text))
+    async def _synthesize(self, call: Call, utt: Utterance) -> None:
+        meter = self.table.begin(call, utt)
         try:
-            if self.pool is None:
-                end = await self._run_thread(w, utt, meter)
+            if self.threaded is not None:
+                end = await self._run_threaded(call, utt, meter, self.threaded)
             else:
-                end = await self._run_pooled(w, utt, meter, self.pool)
+                assert self.pool is not None
+                end = await self._run_pooled(call, utt, meter, self.pool)
         finally:
-            if st.playback is meter:
-                st.playback = None
-        self._finished(w, utt, end)
+            self.table.end(call, meter)
+        self.table.finished(call, utt, end, time.monotonic_ns())
+
+    async def _run_threaded(
+        self, call: Call, utt: Utterance, meter: PlaybackMeter, threaded: UtteranceThreads
+    ) -> UtteranceEnd:
+        """One utterance in its own thread (a self-scheduled synthesiser)."""
+        sink = self._sink(call)
+
+        async def pace() -> None:
+            if sink.write_paused:
+                await sink.drain()
+
+        return await threaded.run(
+            call.call_id,
+            call.state,
+            utt.text,
+            utt.token,
+            meter,
+            lambda pcm: self._send(call, utt, pcm),
+            pace,
+        )
+
+    @staticmethod
+    def _sink(call: Call) -> AudioSink:
+        """Where the call's audio goes (the table carries it untyped; ``_start`` sets it)."""
+        return cast(AudioSink, call.sink)
 
     async def _run_pooled(
-        self, w: CallWorker, utt: Utterance, meter: PlaybackMeter, pool: SynthesisPool
-    ) -> _End:
+        self, call: Call, utt: Utterance, meter: PlaybackMeter, pool: SynthesisPool
+    ) -> UtteranceEnd:
         """One utterance through the inference scheduler: send each unit's packets, then
         queue its next unit by deadline.
 
@@ -631,6 +396,7 @@ class CallManager:
         call's next utterance starts its first unit)."""
         loop = asyncio.get_running_loop()
         steps: asyncio.Queue[Step | None] = asyncio.Queue()  # None: the token fired
+        sink = self._sink(call)
 
         def deliver(step: Step | None) -> None:  # in a pool worker (or the canceller)
             try:
@@ -638,39 +404,47 @@ class CallManager:
             except RuntimeError:  # loop closed: the process is exiting
                 pass
 
-        st = w.state
+        st = call.state
         job = Job(
             start=lambda: self.synth.synthesize(utt.text, st, utt.token),
             token=utt.token,
             deliver=deliver,
             meter=meter,
         )
-        pool.submit(job, start_deadline(utt.t_rx_ns / 1e9, w.play_until, self.first_unit.value))
+        pool.submit(job, self.table.first_deadline(call, utt))
         utt.token.on_cancel(lambda: deliver(None))
-        end: _End | None = None
+        end: UtteranceEnd | None = None
         cancelled = False
         try:
             while True:
                 step = await steps.get()
                 if step is None:
                     cancelled = True
-                    end = _End(job.framer.samples_out, job.framer.truncated, None)
+                    end = UtteranceEnd(job.framer.samples_out, job.framer.truncated, None)
                     break
-                self._account(w, utt, job, step)
+                self.table.unit(
+                    call,
+                    utt,
+                    job.estimate,
+                    compute_s=step.compute_s,
+                    cores=step.cores,
+                    wait_s=step.wait_s,
+                    packets=step.packets,
+                    now=time.monotonic(),
+                )
                 for i, pcm in enumerate(step.packets):
                     # a unit can be seconds of audio: while the dock pushes back, the rest
                     # waits here, where a barge-in (the gate in _send) still drops it
-                    if i and w.sink.write_paused:
-                        await w.sink.drain()
-                    self._send(w, utt, pcm, unit_start=i == 0)
+                    if i and sink.write_paused:
+                        await sink.drain()
+                    self._send(call, utt, pcm, unit_start=i == 0)
                 if step.finished:
-                    end = _End(job.framer.samples_out, job.framer.truncated, step.error)
+                    end = UtteranceEnd(job.framer.samples_out, job.framer.truncated, step.error)
                     break
-                if w.sink.write_paused:
-                    await w.sink.drain()
-                now = time.monotonic()
-                deadline, ready_at = deadline_for(
-                    meter.dry_at(now), self._next_unit_s(job, step), self.max_ahead_s
+                if sink.write_paused:
+                    await sink.drain()
+                deadline, ready_at = self.table.next_deadline(
+                    utt, job.estimate, step.compute_s, time.monotonic()
                 )
                 pool.requeue(job, deadline, ready_at)
         finally:
@@ -678,177 +452,12 @@ class CallManager:
                 pool.release(job)
         return end
 
-    def _account(self, w: CallWorker, utt: Utterance, job: Job, step: Step) -> None:
-        if step.compute_s <= 0 and not step.packets:
-            return  # a close, not a unit of work
-        audio_s = sum(len(p) for p in step.packets) / 4 / SAMPLE_RATE
-        self.load.unit(time.monotonic(), step.compute_s * step.cores, audio_s, w.call_id)
-        utt.compute_s += step.compute_s
-        utt.wait_s += step.wait_s
-        self.stats.sched_wait.add(step.wait_s * 1000)
-        if not step.packets:
-            return  # the generator's end: not a unit whose time predicts the next one
-        utt.steps += 1
-        if utt.steps == 1:
-            self.first_unit.add(step.compute_s)
-        else:
-            self.later_unit.add(step.compute_s)
-            job.estimate.add(step.compute_s)
-
-    def _next_unit_s(self, job: Job, step: Step) -> float:
-        """Expected compute of the job's next unit: its own EMA, else the engine's."""
-        if job.estimate.n:
-            return job.estimate.value
-        if self.later_unit.n:
-            return self.later_unit.value
-        return step.compute_s
-
-    async def _run_thread(self, w: CallWorker, utt: Utterance, meter: PlaybackMeter) -> _End:
-        """One utterance in its own thread (a self-scheduled synthesiser)."""
-        chan = ChunkChannel(asyncio.get_running_loop())
-        ctx = contextvars.copy_context()
-        th = threading.Thread(
-            target=ctx.run,
-            args=(self._produce, w.state, utt.text, utt.token, chan, meter),
-            name=f"synth-{w.call_id}",
-            daemon=True,
-        )
-        self.threads.add(th)
-        th.start()
-        end: _End | None = None
-        try:
-            while True:
-                item = await chan.get()
-                if isinstance(item, _End):
-                    end = item
-                    break
-                self._send(w, utt, item)
-                if w.sink.write_paused:
-                    await w.sink.drain()
-        finally:
-            if end is None:  # cancelled while waiting: the thread finishes on its own
-                utt.token.cancel()
-        return end
-
-    def _send(self, w: CallWorker, utt: Utterance, pcm: bytes, unit_start: bool = True) -> None:
-        """Write one packet of the utterance now, unless its call was barged in or ended.
-
-        ``unit_start``: the packet begins a unit of work; the audio still queued ahead of
-        the listener then is the utterance's queued-ahead audio (``ahead_min/max``)."""
+    def _send(self, call: Call, utt: Utterance, pcm: bytes, unit_start: bool = True) -> None:
+        """Write one packet of the utterance now, unless the table's gate drops it."""
         # Barge-in gate: nothing may run between this check and the write.
-        if utt.token.cancelled or w.closed:
-            self.stats.packets_suppressed += 1
+        if not self.table.gate(call, utt):
             return
-        if not w.sink.send_audio(w.call_id, pcm):
-            self.stats.packets_unsent += 1
-            utt.token.cancel()
+        if not self._sink(call).send_audio(call.call_id, pcm):
+            self.table.unsent(call, utt)
             return
-        now_ns = time.monotonic_ns()
-        now = now_ns / 1e9
-        samples = len(pcm) // 4
-        meter = utt.meter
-        if meter is not None:
-            gap = meter.sent(samples, now)
-            if gap > 0:
-                self.stats.underruns += 1
-                self.stats.underrun_ms += gap * 1000
-                w.underruns += 1
-                w.underrun_ms += gap * 1000
-            w.play_until = meter.sent_until()
-            if utt.packets and unit_start:
-                ahead = w.play_until - now - samples / SAMPLE_RATE  # before this packet
-                utt.ahead_min_s = min(utt.ahead_min_s, ahead)
-                utt.ahead_max_s = max(utt.ahead_max_s, ahead)
-        if utt.packets == 0:
-            utt.ttfa_ms = (now_ns - utt.t_rx_ns) / 1e6
-            w.last_ttfa_ms = utt.ttfa_ms
-            self.stats.ttfa.add(utt.ttfa_ms)
-        utt.packets += 1
-        w.packets += 1
-        self.stats.packets_sent += 1
-        self.stats.samples_sent += samples
-
-    def _finished(self, w: CallWorker, utt: Utterance, end: _End) -> None:
-        if utt.t_bargein_ns is not None:
-            self.stats.bargein_stop.add((time.monotonic_ns() - utt.t_bargein_ns) / 1e6)
-        if end.truncated:
-            self.stats.utterances_truncated += 1
-            log.warning(
-                "utterance_truncated",
-                call_id=w.call_id,
-                samples=end.samples,
-                reason="120 s cap (WIRE.md 4)",
-            )
-        if end.error is not None:
-            self.stats.utterances_failed += 1
-            err = end.error
-            if isinstance(err, SynthesisError):
-                log.error("synthesis_failed", call_id=w.call_id, error=str(err))
-            else:
-                log.error(
-                    "synthesis_failed",
-                    call_id=w.call_id,
-                    error=f"{type(err).__name__}: {err}",
-                    exc_info=err,
-                )
-        elif utt.token.cancelled:
-            self.stats.utterances_cancelled += 1
-            log.debug("utterance_cancelled", call_id=w.call_id, packets=utt.packets)
-        else:
-            self.stats.utterances_completed += 1
-            meter = utt.meter
-            log.info(
-                "utterance_completed",
-                call_id=w.call_id,
-                packets=utt.packets,
-                samples=end.samples,
-                audio_s=round(end.samples / SAMPLE_RATE, 3),
-                ttfa_ms=None if utt.ttfa_ms is None else round(utt.ttfa_ms, 1),
-                underruns=0 if meter is None else meter.underruns,
-                underrun_ms=0.0 if meter is None else round(meter.underrun_s * 1000, 1),
-                underruns_predicted=0 if meter is None else meter.gaps_predicted,
-                underrun_ms_predicted=0.0
-                if meter is None
-                else round(meter.gap_s_predicted * 1000, 1),
-                ahead_min_ms=round(utt.ahead_min_s * 1000, 1)
-                if utt.ahead_min_s != float("inf")
-                else None,
-                ahead_max_ms=round(utt.ahead_max_s * 1000, 1),
-                units=utt.steps,
-                compute_ms=round(utt.compute_s * 1000, 1),
-                sched_wait_ms=round(utt.wait_s * 1000, 1),
-            )
-
-    def _produce(
-        self,
-        state: CallState,
-        text: str,
-        token: CancelToken,
-        chan: ChunkChannel,
-        meter: PlaybackMeter,
-    ) -> None:
-        """Self-scheduled synthesis thread: run the blocking generator, frame, hand packets
-        to the loop."""
-        lower_thread_priority()
-        framer = UtteranceFramer()
-        error: BaseException | None = None
-        gen = None
-        try:
-            gen = self.synth.synthesize(text, state, token)
-            for chunk in gen:
-                if token.cancelled:
-                    break
-                for pcm in framer.process(chunk):
-                    meter.produced(len(pcm) // 4)
-                    if not chan.put(pcm, token):
-                        break
-                if token.cancelled or framer.truncated:
-                    break
-        except SynthesisCancelled:
-            pass
-        except BaseException as exc:  # reported on the loop; never kills other calls
-            error = exc
-        finally:
-            error = close_generator(gen, error)
-            chan.finish(framer.samples_out, framer.truncated, error)
-            self.threads.discard(threading.current_thread())
+        self.table.sent(call, utt, len(pcm) // 4, time.monotonic_ns(), unit_start)

@@ -260,6 +260,8 @@ def protocol_config(args: argparse.Namespace) -> ProtocolConfig:
     from svc.http import HttpSettings, read_token
 
     http: HttpSettings | None = None
+    # getattr: the protocol flags are optional (``add_protocol_arguments``); a parser
+    # without them gets the defaults
     if getattr(args, "http_port", None) is not None:
         token_file = getattr(args, "http_token_file", None)
         http = HttpSettings(
@@ -313,6 +315,7 @@ def add_text_arguments(p: argparse.ArgumentParser) -> None:
 
 def text_options(args: argparse.Namespace) -> TextOptions:
     """``TextOptions`` from parsed flags (defaults where a parser lacks the text flags)."""
+    # getattr: the text flags are optional (``add_text_arguments``)
     order = getattr(args, "date_order", "mdy")
     return TextOptions(
         normalize=not getattr(args, "no_normalize", False),
@@ -330,6 +333,7 @@ def run_engine(synth: Synthesizer, args: argparse.Namespace) -> int:
     from engines.runtime.app import EngineConfig, serve_forever
     from svc.http import HttpConfigError
 
+    # getattr: --speed, --synth-workers and --voice are each engine's own flags
     speed = getattr(args, "speed", None)
     speed = 1.0 if speed is None else float(speed)
     if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):

@@ -28,6 +28,7 @@ from protocol.errors import ProtocolError
 from protocol.framing import NeedData
 from protocol.hello import Hello, HelloReply
 from protocol.mgmt import PONG, Ping
+from svc.keepalive import Keepalive, Ticks
 from svc.net import tune_socket
 
 log = structlog.get_logger(__name__)
@@ -324,15 +325,14 @@ class EngineClient:
     async def _watch(self, link: DockLink, stop_wait: asyncio.Future[bool]) -> str:
         """Until the link closes, stop is set, or the dock is silent for ``DOCK_SILENCE``.
 
-        Silence counts only time during which this loop could read: a check that
-        wakes more than ``STALL_SLACK`` late (the process was descheduled) credits
-        the lateness, and the verdict needs two checks in a row, so frames that
-        arrived during a stall are read first (uvloop runs due timers before I/O).
+        Silence is ``svc.keepalive``'s rule (the dock's PONG deadline, with any frame from
+        the dock as the sign of life): a check that wakes more than ``STALL_SLACK`` late
+        (the process was descheduled) credits the lateness, and the verdict needs two
+        checks in a row, so frames that arrived during a stall are read first (uvloop
+        runs due timers before I/O).
         """
-        last_check = time.monotonic()
-        credit = 0.0
-        credit_rx = link.last_rx
-        overdue = False
+        ticks = Ticks(time.monotonic(), SILENCE_CHECK, STALL_SLACK)
+        silence = Keepalive(link.last_rx, DOCK_SILENCE)
         while True:
             waits: set[asyncio.Future[Any]] = {link.lost, stop_wait}
             done, _ = await asyncio.wait(
@@ -345,20 +345,14 @@ class EngineClient:
                 log.warning("dock_lost", reason="connection closed")
                 return "lost"
             now = time.monotonic()
-            late = now - last_check - SILENCE_CHECK
-            last_check = now
-            if link.last_rx != credit_rx:  # a frame arrived: the credit starts over
-                credit_rx, credit = link.last_rx, 0.0
-            if late > STALL_SLACK:
-                credit += late
-            silent = now - link.last_rx - credit
-            if silent <= DOCK_SILENCE:
-                overdue = False
-                continue
-            if not overdue:
-                overdue = True
+            late = ticks.late(now)
+            if link.last_rx != silence.last_pong:  # a frame arrived: the credit starts over
+                silence.pong(link.last_rx)
+            if late:
+                silence.stalled(late)
+            if not silence.tick(now):
                 continue
             self.stats.dock_losses += 1
-            log.warning("dock_lost", reason="silent", silent_s=round(silent, 3))
+            log.warning("dock_lost", reason="silent", silent_s=round(silence.silent_for(now), 3))
             link.abort()
             return "lost"

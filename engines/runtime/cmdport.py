@@ -7,14 +7,19 @@ METRICS answers Prometheus text (multi-line, like the dock's).
 Rule 2: this file does not own sockets (``svc.net.start_cmd_server`` does)
 and never blocks the loop: syntheses and file writes run in threads.
 Rule 3: the offline syntheses (TEST_SYNTH, BENCHMARK, SYNTH_WAV) run one at a
-time (``CMD_SYNTH_SLOTS``), apart from ``--max-concurrent``, which belongs to
-the live calls: a cmd-port user can never run more than one extra synthesis
-beside them. A request finding the slot taken waits for it in arrival order
+time (``CMD_SYNTH_CONCURRENT``), apart from ``--max-concurrent``, which belongs
+to the live calls: a cmd-port user can never run more than one extra synthesis
+beside them. A request finding that capacity taken waits for it in arrival order
 (each BENCHMARK iteration takes it anew, so a TEST_SYNTH is not stuck behind a
 whole BENCHMARK) for at most ``CMD_SYNTH_WAIT`` seconds, then answers
 ``ERROR:synthesis failed`` (a BENCHMARK counts that iteration as failed) and
-logs ``cmd_synthesis_busy``. The slot is given back when the synthesis thread
-ends, not when its request is abandoned. BENCHMARK runs 1..``BENCH_MAX``
+logs ``cmd_synthesis_busy``. The capacity is given back when the synthesis
+thread ends, not when its request is abandoned. Each offline synthesis gets the
+runtime's playback clock like a call's (a listener that plays its audio as it is
+produced).
+Rule 4: the calls are read through ``CallManager.snapshot`` / ``synthesis``, and an
+optional engine command is answered only by an engine that declares it (the
+``synth`` Protocols, checked once here). BENCHMARK runs 1..``BENCH_MAX``
 iterations (a larger count is capped, 0 becomes 1).
 """
 
@@ -37,16 +42,21 @@ from engines.runtime.audio import FloatArray, as_mono_f32, normalize_whole, to_p
 from engines.runtime.calls import CallManager, EngineSettings
 from engines.runtime.load import LoadSnapshot
 from engines.runtime.metrics import MetricSource, engine_families
+from engines.runtime.playback import play_as_produced
 from engines.runtime.stats import RuntimeStats, fmt_ms, render_latency
 from engines.runtime.synth import (
     SAMPLE_RATE,
     SPEED_MAX,
     SPEED_MIN,
     CallState,
+    CallVoices,
     CancelToken,
     ExecutionPlan,
+    LexiconControl,
     PlanInfo,
+    SpokenForm,
     Synthesizer,
+    VoiceStore,
 )
 from engines.runtime.threads import in_thread
 from engines.text import LexiconReload
@@ -58,8 +68,8 @@ log = structlog.get_logger(__name__)
 
 BENCH_DEFAULT = 5  # docs/wire.md#engine-cmd-port: BENCHMARK iterations when none given
 BENCH_MAX = 100
-CMD_SYNTH_SLOTS = 1  # offline syntheses running at once (Rule 3)
-CMD_SYNTH_WAIT = 60.0  # seconds a request waits for the slot before failing
+CMD_SYNTH_CONCURRENT = 1  # offline syntheses running at once (Rule 3)
+CMD_SYNTH_WAIT = 60.0  # seconds a request waits for that capacity before failing
 STATS_MAX_CALLS = 64  # calls listed one by one in STATS
 
 ERR_UNKNOWN = "ERROR:Unknown command"
@@ -118,7 +128,11 @@ class CommandHandler:
         self.stats = stats
         self.out_dir = out_dir
         self.synth_wait = CMD_SYNTH_WAIT
-        self._slot = asyncio.Semaphore(CMD_SYNTH_SLOTS)
+        self._offline = asyncio.Semaphore(CMD_SYNTH_CONCURRENT)  # offline synthesis capacity
+        # optional commands: what the engine declares, checked once
+        self._call_voices = synth if isinstance(synth, CallVoices) else None
+        self._voice_store = synth if isinstance(synth, VoiceStore) else None
+        self._spoken_form = synth if isinstance(synth, SpokenForm) else None
         self._table: dict[str, Callable[[Command], Awaitable[str]]] = {
             "TEST_SYNTH": self.test_synth,
             "BENCHMARK": self.benchmark,
@@ -159,7 +173,8 @@ class CommandHandler:
         state = CallState(0, voice=self.settings.voice, speed=self.settings.speed)
         token = CancelToken()
         t0 = time.perf_counter()
-        parts = [as_mono_f32(c) for c in self.synth.synthesize(text, state, token)]
+        chunks = play_as_produced(state, lambda: self.synth.synthesize(text, state, token))
+        parts = [as_mono_f32(c) for c in chunks]
         elapsed = time.perf_counter() - t0
         raw = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
         return normalize_whole(raw), elapsed
@@ -169,7 +184,7 @@ class CommandHandler:
             return None
         try:
             async with asyncio.timeout(self.synth_wait):
-                await self._slot.acquire()
+                await self._offline.acquire()
         except TimeoutError:
             log.warning("cmd_synthesis_busy", waited_s=self.synth_wait)
             return None
@@ -181,15 +196,15 @@ class CommandHandler:
             started = True
             try:
                 return self._synth_blocking(text)
-            finally:  # in the thread: the slot stays taken while it computes
+            finally:  # in the thread: the capacity stays taken while it computes
                 with contextlib.suppress(RuntimeError):  # loop closed at exit
-                    loop.call_soon_threadsafe(self._slot.release)
+                    loop.call_soon_threadsafe(self._offline.release)
 
         try:
             samples, elapsed = await in_thread(run)
         except Exception as exc:
-            if not started:  # the thread never ran: nothing else gives the slot back
-                self._slot.release()
+            if not started:  # the thread never ran: nothing else gives the capacity back
+                self._offline.release()
             log.error("synthesis_failed", source="cmd", error=f"{type(exc).__name__}: {exc}")
             return None
         if samples.size == 0:
@@ -312,7 +327,7 @@ class CommandHandler:
             suffix = ""
         dock = "connected" if self.dock.docked else "disconnected"
         return (
-            f"ACTIVE_CALLS:{len(self.calls.calls)}:DOCK:{dock}:"
+            f"ACTIVE_CALLS:{self.calls.active_calls()}:DOCK:{dock}:"
             f"SPEED:{speed_text(self.settings.speed)}{suffix}"
         )
 
@@ -332,8 +347,8 @@ class CommandHandler:
     async def set_call_voice(self, cmd: Command) -> str:
         """``SET_CALL_VOICE:<call_id>|<voice>`` (empty voice: back to the engine's): only for
         synthesisers with a ``set_call_voice(call_id, voice)`` method (Qwen3 Base)."""
-        fn = getattr(self.synth, "set_call_voice", None)
-        if not callable(fn):
+        target = self._call_voices
+        if target is None:
             return ERR_UNKNOWN
         cid, bar, name = (cmd.arg or "").partition("|")
         if not bar or not cid.strip().isdigit():
@@ -342,16 +357,16 @@ class CommandHandler:
         names = await in_thread(self.synth.voices)
         if name and name not in names:
             return f"ERROR:Unknown voice {name[:64]}"
-        await in_thread(fn, int(cid), name or None)
+        await in_thread(target.set_call_voice, int(cid), name or None)
         log.info("call_voice_set", call_id=int(cid), voice=name or None)
         return f"VOICE:{int(cid)}:{name or '-'}"
 
     async def reload_voices(self, cmd: Command) -> str:
         """``RELOAD_VOICES``: a synthesiser with ``reload_voices()`` rescans its stored voices."""
-        fn = getattr(self.synth, "reload_voices", None)
-        if not callable(fn):
+        store = self._voice_store
+        if store is None:
             return ERR_UNKNOWN
-        names = await in_thread(fn)
+        names = await in_thread(store.reload_voices)
         return "VOICES:" + ",".join(names)
 
     async def get_voice(self, cmd: Command) -> str:
@@ -363,29 +378,31 @@ class CommandHandler:
     # -- text front end ----------------------------------------------------------------
 
     async def normalize(self, cmd: Command) -> str:
-        fn = getattr(self.synth, "normalize", None)
-        if not callable(fn):
+        front = self._spoken_form
+        if front is None:
             return ERR_NO_TEXT_FRONT_END
         text = cmd.arg or ""
         if not text.strip():
             return ERR_NORMALIZE_EMPTY
-        spoken = await in_thread(fn, text)
+        spoken = await in_thread(front.normalize, text)
         return str(spoken).replace("\r", " ").replace("\n", " ")
 
     async def reload_lexicon(self, cmd: Command) -> str:
         return await reload_lexicon_reply(self.synth)
 
     async def stats_line(self, cmd: Command) -> str:
-        st, calls = self.stats, self.calls
+        st = self.stats
+        calls = self.calls.snapshot(STATS_MAX_CALLS)
+        syn = self.calls.synthesis()
         fields = [
-            f"calls_active={len(calls.calls)}",
+            f"calls_active={calls.active}",
             f"calls_started={st.calls_started}",
             f"calls_ended={st.calls_ended}",
-            f"calls_evicted_idle={calls.calls_evicted['idle']}",
-            f"calls_evicted_cap={calls.calls_evicted['cap']}",
-            f"syntheses_running={calls.running}",
-            f"syntheses_waiting={calls.waiting}",
-            f"max_concurrent={calls.max_concurrent}",
+            f"calls_evicted_idle={calls.evicted_idle}",
+            f"calls_evicted_cap={calls.evicted_cap}",
+            f"syntheses_running={syn.running}",
+            f"syntheses_waiting={syn.waiting}",
+            f"max_concurrent={syn.max_concurrent}",
             f"texts_received={st.texts_received}",
             f"texts_dropped={st.texts_dropped}",
             f"utterances_started={st.utterances_started}",
@@ -403,34 +420,32 @@ class CommandHandler:
             f"hello_rejections={st.hello_rejections}",
             f"frames_malformed={st.frames_malformed}",
             f"pings_answered={st.pings_answered}",
-            f"queue_depth={sum(w.depth() for w in calls.calls.values())}",
+            f"queue_depth={calls.queue_depth}",
             f"underruns={st.underruns}",
             f"underrun_ms={fmt_ms(st.underrun_ms)}",
         ]
-        pool = calls.pool
-        if pool is not None:
-            queued, parked, busy, open_jobs = pool.snapshot()
+        if syn.workers is not None:
             fields += [
-                f"synth_workers={pool.workers}",
-                f"sched_queued={queued}",
-                f"sched_parked={parked}",
-                f"sched_busy={busy}",
-                f"sched_open={open_jobs}",
+                f"synth_workers={syn.workers}",
+                f"sched_queued={syn.queued}",
+                f"sched_parked={syn.parked}",
+                f"sched_busy={syn.busy}",
+                f"sched_open={syn.open_jobs}",
             ]
         else:
             fields.append("synth_workers=self_scheduled")
-        fields += render_load(calls.load_snapshot(), plan_of(self.synth))
+        fields += render_load(self.calls.load_snapshot(), plan_of(self.synth))
         fields += render_latency("ttfa", st.ttfa)
         fields += render_latency("queue_wait", st.queue_wait)
         fields += render_latency("sched_wait", st.sched_wait)
         fields += render_latency("bargein_mute", st.bargein_mute)
         fields += render_latency("bargein_stop", st.bargein_stop)
-        for w in list(calls.calls.values())[:STATS_MAX_CALLS]:
+        for c in calls.calls:
             fields.append(
-                f"call.{w.call_id}={w.phase.value},queued={w.depth()},"
-                f"utterances={w.utterances},packets={w.packets},bargeins={w.bargeins},"
-                f"ttfa_ms={fmt_ms(w.last_ttfa_ms)},underruns={w.underruns},"
-                f"underrun_ms={fmt_ms(w.underrun_ms)},ahead_ms={fmt_ms(w.ahead_s() * 1000)}"
+                f"call.{c.call_id}={c.phase},queued={c.queued},"
+                f"utterances={c.utterances},packets={c.packets},bargeins={c.bargeins},"
+                f"ttfa_ms={fmt_ms(c.ttfa_ms)},underruns={c.underruns},"
+                f"underrun_ms={fmt_ms(c.underrun_ms)},ahead_ms={fmt_ms(c.ahead_s * 1000)}"
             )
         try:
             extra = await in_thread(self.synth.stats)
@@ -485,10 +500,9 @@ def reload_reply(res: LexiconReload) -> str:
 
 async def reload_lexicon_reply(synth: Synthesizer) -> str:
     """Reload the engine's lexicon off-loop and render the reply (cmd port and SIGHUP)."""
-    fn = getattr(synth, "reload_lexicon", None)
-    if not callable(fn):
+    if not isinstance(synth, LexiconControl):
         return ERR_NO_TEXT_FRONT_END
-    res = await in_thread(fn)
+    res = await in_thread(synth.reload_lexicon)
     if not isinstance(res, LexiconReload):
         return ERR_NO_TEXT_FRONT_END
     for p in res.problems:

@@ -136,7 +136,7 @@ class EngineHttp:
             "engine": self.name,
             "loaded": True,  # the listener starts only once the model is loaded and warm
             "docked": self.dock.docked,
-            "calls_active": len(self.requests.calls.calls),
+            "calls_active": self.requests.calls.active_calls(),
             "protocol_requests_active": self.requests.admission.active,
         }
         plan = await self._plan()

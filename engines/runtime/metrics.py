@@ -53,6 +53,7 @@ def engine_families(
     stats: RuntimeStats, calls: CallManager, plan: PlanInfo | None = None
 ) -> list[Family]:
     st, p = stats, PREFIX
+    # getattr: the counters are listed by name (``METRIC_COUNTERS``), not probed
     fams = [counter(f"{p}{name}_total", getattr(st, name)) for name in METRIC_COUNTERS]
     fams.append(counter(f"{p}underrun_seconds_total", round(st.underrun_ms / 1000, 6)))
     fams.append(counter(f"{p}audio_seconds_sent_total", round(st.samples_sent / SAMPLE_RATE, 6)))
@@ -63,19 +64,22 @@ def engine_families(
         ("bargein_mute_seconds", st.bargein_mute),
     ):
         fams.append(window_summary(p + name, window))
+    table = calls.snapshot(CALLS_LISTED)
+    syn = calls.synthesis()
     gauges: dict[str, float] = {
-        "calls_active": len(calls.calls),
-        "utterances_in_progress": calls.running,
-        "utterances_waiting": calls.waiting,
+        "calls_active": table.active,
+        "utterances_in_progress": syn.running,
+        "utterances_waiting": syn.waiting,
     }
-    if calls.pool is not None:
-        queued, parked, busy, open_jobs = calls.pool.snapshot()
+    if syn.workers is not None:
+        assert syn.queued is not None and syn.parked is not None
+        assert syn.busy is not None and syn.open_jobs is not None
         gauges |= {
-            "sched_open": open_jobs,
-            "synth_workers": calls.pool.workers,
-            "sched_queued": queued,
-            "sched_parked": parked,
-            "sched_busy": busy,
+            "sched_open": syn.open_jobs,
+            "synth_workers": syn.workers,
+            "sched_queued": syn.queued,
+            "sched_parked": syn.parked,
+            "sched_busy": syn.busy,
         }
     load = calls.load_snapshot()  # load.py: utilisation, capacity, demand, headroom
     gauges |= {
@@ -96,7 +100,7 @@ def engine_families(
             rtf.add(round(r, 4), {"threads": n})
         fams.append(rtf)
     ahead = Family(f"{p}call_ahead_seconds", "gauge")
-    for w in list(calls.calls.values())[:CALLS_LISTED]:
-        ahead.add(round(w.ahead_s(), 3), {"call_id": w.call_id})
+    for c in table.calls:
+        ahead.add(round(c.ahead_s, 3), {"call_id": c.call_id})
     fams.append(ahead)
     return fams

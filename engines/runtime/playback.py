@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
-from engines.runtime.synth import SAMPLE_RATE
+import numpy as np
+
+from engines.runtime.synth import SAMPLE_RATE, CallState
 
 #: Gaps at or below this are jitter, not an audible underrun (still shift the clock).
 UNDERRUN_MIN_S = 0.002
@@ -123,3 +125,23 @@ class PlaybackMeter:
     def ahead_s(self) -> float:
         """``PlaybackClock``: ``ahead_at`` the clock's current time."""
         return self.ahead_at(self.clock())
+
+
+def play_as_produced(
+    state: CallState,
+    chunks: Callable[[], Iterable[np.ndarray]],
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[np.ndarray]:
+    """Run a synthesis for a listener that plays each chunk the moment it is produced (an
+    offline synthesis: cmd-port TEST_SYNTH, SYNTH_WAV, BENCHMARK): ``state.playback`` is a
+    ``PlaybackMeter`` for the duration, and ``chunks()`` (which starts the synthesis) is
+    called once it is in place."""
+    meter = PlaybackMeter(clock)
+    state.playback = meter
+    try:
+        for chunk in chunks():
+            meter.sent(int(np.asarray(chunk).size), clock())
+            yield chunk
+    finally:
+        if state.playback is meter:
+            state.playback = None

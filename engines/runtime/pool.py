@@ -261,6 +261,7 @@ def _close(job: Job, error: BaseException | None) -> BaseException | None:
 def close_generator(gen: object, error: BaseException | None) -> BaseException | None:
     """Close a synthesis generator; the error to report: ``error``, else one raised while
     closing (a cancellation is not an error)."""
+    # getattr: ``synthesize`` returns any iterator; only a generator has ``close``
     close: Callable[[], None] | None = getattr(gen, "close", None)
     if close is not None:
         try:

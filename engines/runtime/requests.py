@@ -20,7 +20,7 @@ real time from its first packet: the request gets its audio as fast as a caller
 would need it, plus up to ``MAX_AHEAD_S`` ahead, never ahead of phone calls whose
 listeners run dry first. A slow client (it reads less than real time) makes its
 own call wait in ``drain``; after ``WRITE_TIMEOUT`` it is dropped like a barge-in,
-so it never holds a synthesis slot.
+so it never holds synthesis capacity.
 """
 
 from __future__ import annotations
@@ -224,12 +224,12 @@ class ProtocolRequest:
             return False
         calls = self.owner.calls
         for piece in pieces(text):
-            if self.call_id not in calls.calls:  # evicted (--max-calls): never reopen it, as
+            if not calls.is_open(self.call_id):  # evicted (--max-calls): never reopen it, as
                 return False  # a new call would send its audio to the dock
             dropped = calls.stats.texts_dropped
             self.pending += 1
             calls.on_text(self.call_id, piece.encode("utf-8"), time.monotonic_ns())
-            if calls.stats.texts_dropped != dropped or self.call_id not in calls.calls:
+            if calls.stats.texts_dropped != dropped or not calls.is_open(self.call_id):
                 self.pending -= 1
                 return False
         return True
@@ -248,7 +248,7 @@ class ProtocolRequest:
             self.owner.stats.cancelled[self.protocol] += 1
             log.info("request_cancelled", call_id=self.call_id, reason=reason)
         self.audio.close()
-        if self.call_id in self.owner.calls.calls:
+        if self.owner.calls.is_open(self.call_id):
             self.owner.calls.on_speech_active(self.call_id, time.monotonic_ns())
         self.close()
 

@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,7 @@ SPEED_MIN = 0.5  # docs/wire.md#engine-cmd-port: SET_SPEED clamps to [0.5, 2.0]
 SPEED_MAX = 2.0
 
 FloatArray = npt.NDArray[np.float32]
+_T = TypeVar("_T")
 
 
 class SynthesisCancelled(Exception):
@@ -136,7 +137,7 @@ _grant = threading.local()
 
 def unit_grant() -> UnitGrant:
     """The grant of the unit running in this thread (one core outside the pool)."""
-    got = getattr(_grant, "value", None)
+    got = getattr(_grant, "value", None)  # thread-local: unset in a thread the pool never ran
     return got if isinstance(got, UnitGrant) else UnitGrant()
 
 
@@ -173,16 +174,19 @@ class PlaybackClock(Protocol):
 
 @dataclass
 class CallState:
-    """Per-call state the runtime keeps and hands to every synthesis of that call.
+    """Per-call state the runtime keeps and hands to every synthesis of that call; it ends
+    with the call (CALL_END, eviction), and nothing of it outlives the call.
 
-    ``voice`` and ``speed`` are snapshotted from the engine settings when the
-    call starts an utterance. ``prosody`` belongs to the synthesiser: it may
-    store whatever it needs to carry intonation across the sentences of one
-    call (prosody carry-over, docs/wire.md#per-call-engine-behaviour); the runtime
-    drops it on CALL_END.
-    ``playback`` is set by the runtime for the utterance in progress (``None``
-    between utterances and in offline cmd-port syntheses): a synthesiser may read
-    ``playback.ahead_s()`` to size its next unit of work.
+    ``voice`` and ``speed`` are snapshotted when the call starts an utterance: a
+    protocol request's own, else the call's own voice (``call_voice``, ``set_voice``),
+    else the engine settings. ``prosody`` belongs to the synthesiser: it may store
+    whatever it needs to carry intonation across the sentences of one call (prosody
+    carry-over, docs/wire.md#per-call-engine-behaviour). ``engine_state`` holds any
+    other per-call object of the engine (a cloned voice's prompt, a cache), created on
+    first use. ``playback`` is the runtime's playback clock of the utterance in
+    progress: the runtime sets it for every synthesis it drives (calls, offline cmd-port
+    syntheses); it is ``None`` only between utterances and when a synthesiser is called
+    outside the runtime (tests, benchmarks), where no listener exists.
     """
 
     call_id: int
@@ -191,6 +195,22 @@ class CallState:
     prosody: dict[str, Any] = field(default_factory=dict)
     utterances: int = 0
     playback: PlaybackClock | None = None
+    #: the call's own voice (over the engine's ``SET_VOICE``; a protocol request's wins)
+    call_voice: str | None = None
+    _engine: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def set_voice(self, voice: str | None) -> None:
+        """Give the call its own voice from its next utterance on (``None``: the engine's)."""
+        self.call_voice = voice
+
+    def engine_state(self, key: str, factory: Callable[[], _T]) -> _T:
+        """The engine's per-call object under ``key``, made by ``factory`` on first use;
+        it ends with the call."""
+        try:
+            got: _T = self._engine[key]
+        except KeyError:
+            got = self._engine[key] = factory()
+        return got
 
 
 @runtime_checkable
@@ -203,9 +223,9 @@ class Synthesizer(Protocol):
     first window, then one window), so a generator should do about one model run per
     ``next()`` and must not block waiting for anything but its own computation. An
     engine that schedules across calls itself (batching; its generator blocks waiting
-    for frames) sets the optional class attribute ``self_scheduled = True`` (read with
-    ``getattr(synth, "self_scheduled", False)``): the runtime then gives each utterance
-    a dedicated thread instead of the pool. After a barge-in the runtime may start the
+    for frames) declares ``SelfScheduled`` (``self_scheduled = True``, checked once when
+    the runtime is built): the runtime then gives each utterance a dedicated thread
+    instead of the pool. After a barge-in the runtime may start the
     call's next utterance while a worker is still closing the cancelled generator (its
     ``finally`` blocks run on ``close()``); those must not change ``CallState``.
     """
@@ -277,9 +297,9 @@ class ExecutionPlan(Protocol):
 class TextControl(Protocol):
     """Optional methods of a ``Synthesizer`` with a text front end (``engines.text``).
 
-    The cmd port reads them with ``getattr``: an engine without them answers
-    ``NORMALIZE`` and ``RELOAD_LEXICON`` with a clear ERROR, and SIGHUP does nothing.
-    Both block (they may read a file) and run in a worker thread.
+    The cmd port checks each once (``SpokenForm``, ``LexiconControl``): an engine
+    without them answers ``NORMALIZE`` and ``RELOAD_LEXICON`` with a clear ERROR, and
+    SIGHUP does nothing. Both block (they may read a file) and run in a worker thread.
     """
 
     def normalize(self, text: str) -> str:
@@ -287,3 +307,43 @@ class TextControl(Protocol):
 
     def reload_lexicon(self) -> LexiconReload:
         """Read the lexicon file again; with any bad line the old lexicon stays in use."""
+
+
+@runtime_checkable
+class SpokenForm(Protocol):
+    """Optional: ``NORMALIZE`` (the text front end's spoken form; ``TextControl``)."""
+
+    def normalize(self, text: str) -> str: ...
+
+
+@runtime_checkable
+class LexiconControl(Protocol):
+    """Optional: ``RELOAD_LEXICON`` and SIGHUP (``TextControl``)."""
+
+    def reload_lexicon(self) -> LexiconReload: ...
+
+
+@runtime_checkable
+class SelfScheduled(Protocol):
+    """Optional: a synthesiser that schedules across calls itself (a batch scheduler; its
+    generator blocks waiting for frames). With ``self_scheduled`` true the runtime runs
+    each utterance in a thread of its own instead of the inference pool
+    (``engines.runtime.calls``)."""
+
+    self_scheduled: bool
+
+
+@runtime_checkable
+class CallVoices(Protocol):
+    """Optional: ``SET_CALL_VOICE`` (the engine keeps a voice per call). Blocks; runs in a
+    worker thread."""
+
+    def set_call_voice(self, call_id: int, voice: str | None) -> None: ...
+
+
+@runtime_checkable
+class VoiceStore(Protocol):
+    """Optional: ``RELOAD_VOICES`` (rescan the stored voices; the new list). Blocks; runs in
+    a worker thread."""
+
+    def reload_voices(self) -> list[str]: ...

@@ -86,6 +86,7 @@ async def in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) ->
         except RuntimeError:  # the loop is gone: nobody waits any more
             pass
 
+    # getattr: any callable (a partial, a bound method) may lack ``__name__``
     th = threading.Thread(
         target=body, name=f"blocking-{getattr(fn, '__name__', 'call')}", daemon=True
     )

@@ -303,6 +303,8 @@ class WyomingServer:
         server = AsyncServer.from_uri(self.uri)
         await server.start(self._session)
         self._server = server
+        # getattr: the wyoming library's private attributes (no public API for the bound
+        # port or the open sessions); absent in another version, then we do without
         inner = getattr(server, "_server", None)
         socks = getattr(inner, "sockets", None) or []
         if socks and self.uri.startswith("tcp://"):
@@ -313,7 +315,7 @@ class WyomingServer:
         server, self._server = self._server, None
         if server is None:
             return
-        handlers = dict(getattr(server, "_handlers", {}))
+        handlers = dict(getattr(server, "_handlers", {}))  # private: see ``start``
         with contextlib.suppress(Exception):
             await server.stop()
         if handlers:
