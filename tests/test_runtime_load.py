@@ -39,10 +39,15 @@ def test_measured_capacity_replaces_the_estimate_but_never_exceeds_it() -> None:
 
 @given(
     units=st.lists(
-        st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 2.0), st.floats(0.0, 3.0), st.integers(1, 4)),
+        st.tuples(
+            st.floats(0.0, 5.0, allow_subnormal=False),
+            st.floats(0.0, 2.0, allow_subnormal=False),
+            st.floats(0.0, 3.0, allow_subnormal=False),
+            st.integers(1, 4),
+        ),
         max_size=40,
     ),
-    estimate=st.one_of(st.none(), st.floats(0.1, 20.0)),
+    estimate=st.one_of(st.none(), st.floats(0.1, 20.0, allow_subnormal=False)),
 )
 def test_the_figures_stay_in_range(
     units: list[tuple[float, float, float, int]], estimate: float | None
