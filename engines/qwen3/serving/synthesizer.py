@@ -368,7 +368,8 @@ class Qwen3Synthesizer:
             return list(self._speakers) if self._speakers else preset_names()
         return self._prompts.voices()
 
-    # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE.
+    # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE
+    # (the runtime keeps the call's voice in ``CallState``; ``synthesize`` reads ``voice``).
     def _load_clone_prompts(self, generator: FrameSource) -> None:
         o = self.options
         if o.clone_prompt is None and o.clone_prompt_dir is None:
@@ -387,12 +388,6 @@ class Qwen3Synthesizer:
         """Rescan ``--clone-prompt-dir`` (cmd port ``RELOAD_VOICES``); returns the voices."""
         self._prompts.rescan()
         return self.voices()
-
-    def set_call_voice(self, call_id: int, voice: str | None) -> None:
-        """Voice of one call's next utterances (cmd port ``SET_CALL_VOICE``); None clears."""
-        if voice is not None and voice not in self.voices():
-            raise VoiceNotFound(f"qwen3: unknown voice {voice!r}")
-        self._prompts.set_call(call_id, voice)
 
     @property
     def default_voice(self) -> str:
@@ -501,7 +496,7 @@ class Qwen3Synthesizer:
         if not text.strip():
             return
         cancel.raise_if_cancelled()
-        voice = self._prompts.call_voice(state.call_id) or state.voice
+        voice = state.voice  # the runtime's snapshot: request, call, then engine voice
         req = self.make_request(text, voice)
         prompt = self._prompts.get(voice or self.default_voice) if self.mode == "base" else None
         ref = prompt.ref_codes if prompt is not None else self._ref_codes
