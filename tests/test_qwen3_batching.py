@@ -271,8 +271,10 @@ def test_concurrent_calls_share_the_batch_and_bargein_frees_one_row(tiny_dir: Pa
     assert samples[3] < samples[1]
     st = s.stats()
     assert st["batch_batch_size_max"] >= 2 and st["batch_active"] == 0
-    assert st["call.1.utterances"] == 1 and "call.3.ttfa_ms" in st
-    assert st["ttfa_ms_p95"] >= st["ttfa_ms_p50"] > 0
+    # TTFA, underruns and per-call figures are the runtime's (its STATS), not the engine's
+    gone = ("ttfa_ms_p50", "ttfa_ms_p95", "total_underruns", "call.1.utterances")
+    assert not [k for k in st if k in gone or k.startswith("call.")]
+    assert st["total_utterances"] == 3 and st["last_queue_ms"] >= 0
     assert st["vocoder_windows"] >= st["vocoder_runs"] > 0
     s.close()
 

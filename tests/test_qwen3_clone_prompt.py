@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +25,8 @@ from engines.qwen3.serving.clone_prompt import (
     read_wav,
     resample,
 )
+from engines.runtime.calltable import EngineSettings
+from engines.runtime.synth import CallState
 
 
 def wav_bytes(x: np.ndarray, rate: int, *, bits: int = 16, channels: int = 1) -> bytes:
@@ -232,7 +236,7 @@ def test_cli_errors(converted: tuple[Path, Path], tmp_path: Path, capsys) -> Non
 def test_synthesizer_voices_and_size_refusal(converted: tuple[Path, Path], tmp_path: Path) -> None:
     from engines.qwen3.cli.clone import main
     from engines.qwen3.serving.synthesizer import Qwen3Options, Qwen3Synthesizer
-    from engines.runtime.synth import CallState, CancelToken, SynthesisError
+    from engines.runtime.synth import CancelToken, SynthesisError
 
     _, models = converted
     wav = tmp_path / "r.wav"
@@ -257,9 +261,13 @@ def test_synthesizer_voices_and_size_refusal(converted: tuple[Path, Path], tmp_p
     assert req_b.speaker_embedding is not None
     audio = list(s.synthesize("Hello.", CallState(1, voice=None), CancelToken()))
     assert sum(a.size for a in audio) > 0
-    s.set_call_voice(7, "bob")
-    with pytest.raises(SynthesisError, match="unknown voice"):
-        s.set_call_voice(7, "carol")
+    # per call: the cmd port checks the name against the voices, the runtime keeps it in
+    # the call's state, and the engine speaks the call's utterances in it
+    state = asyncio.run(_call_voice_through_the_runtime(s))
+    assert state.voice == "bob"
+    req_7 = s.make_request("Hi.", state.voice)
+    assert req_7.voice_clone_prompt is None and req_7.speaker_embedding is not None
+    assert sum(a.size for a in s.synthesize("Hi.", state, CancelToken())) > 0
     with pytest.raises(SynthesisError, match="unknown voice 'carol'"):
         s.make_request("Hi.", "carol")
     # a prompt dropped into the directory later becomes a voice on RELOAD_VOICES
@@ -272,40 +280,84 @@ def test_synthesizer_voices_and_size_refusal(converted: tuple[Path, Path], tmp_p
         synth(clone_prompt=wide)
 
 
-# -- cmd port: per-call and reloadable voices are optional synthesiser methods ----------
+async def _call_voice_through_the_runtime(synth: Any) -> CallState:
+    """``SET_CALL_VOICE:7|bob`` (and the refused ``carol``) on a cmd port over ``synth``,
+    then call 7's next utterance: the ``CallState`` the runtime hands to ``synthesize``."""
+    from engines.runtime.calls import CallManager
+    from engines.runtime.cmdport import CommandHandler
+    from engines.runtime.stats import RuntimeStats
+
+    settings, stats = EngineSettings(), RuntimeStats()
+    calls = CallManager(synth, _NoDock(), stats, settings, max_concurrent=1)
+    port = CommandHandler(synth, settings, calls, _NoDock(), stats, Path("."))
+    assert await port(b"SET_CALL_VOICE:7|bob") == "VOICE:7:bob"
+    assert await port(b"SET_CALL_VOICE:7|carol") == "ERROR:Unknown voice carol"
+    table = calls.table
+    table.text(7, b"Hi.", 0, now=0.0)
+    call = table.calls[7]
+    utt = table.next_utterance(call, 0.0)
+    assert utt is not None
+    table.begin(call, utt)
+    return call.state
+
+
+class _NoDock:
+    """A dock link that is never up (the cmd port's ``DockState``, the calls' sink)."""
+
+    docked = False
+    write_paused = False
+
+    def send_audio(self, call_id: int, pcm: bytes) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+
+# -- cmd port: per-call voices are the runtime's, reloadable voices the engine's ----------
 
 
 async def test_cmd_port_call_voice_commands() -> None:
-    from runtime_helpers import ToneSynth, cmd, free_port, running_engine
+    from runtime_helpers import FakeDock, ToneSynth, cmd, free_port, running_engine
 
-    async with running_engine(ToneSynth(), free_port()) as eng:  # no such methods: unknown
-        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:1|x") == "ERROR:Unknown command"
+    tone = ToneSynth()  # no stored voices: a call voice is still the runtime's to keep
+    async with running_engine(tone, free_port()) as eng:
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:1|x") == "ERROR:Unknown voice x"
+        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:1|beta") == "VOICE:1:beta"
         assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "ERROR:Unknown command"
 
     class VoicedTone(ToneSynth):
-        def __init__(self) -> None:
-            super().__init__()
-            self.set: list[tuple[int, str | None]] = []
-
         def voices(self) -> list[str]:
             return ["a", "b"]
-
-        def set_call_voice(self, call_id: int, voice: str | None) -> None:
-            self.set.append((call_id, voice))
 
         def reload_voices(self) -> list[str]:
             return ["a", "b", "c"]
 
     synth = VoicedTone()
-    async with running_engine(synth, free_port()) as eng:
-        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|b") == "VOICE:12:b"
-        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|") == "VOICE:12:-"
-        assert (await cmd(eng.cmd_port, "SET_CALL_VOICE:12|z")).startswith("ERROR:Unknown voice")
-        assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12") == (
-            "ERROR:format SET_CALL_VOICE:<call_id>|<voice>"
-        )
-        assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "VOICES:a,b,c"
-    assert synth.set == [(12, "b"), (12, None)]
+    dock = FakeDock()
+    await dock.start()
+    try:
+        async with running_engine(synth, dock.port) as eng:
+            s = await dock.session()
+            assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|b") == "VOICE:12:b"
+            s.text(12, "hi")
+            await s.wait_audio(12)
+            assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12|") == "VOICE:12:-"
+            s.text(12, "again")
+            await s.wait_audio(12, 2)
+            assert (await cmd(eng.cmd_port, "SET_CALL_VOICE:12|z")).startswith(
+                "ERROR:Unknown voice"
+            )
+            assert await cmd(eng.cmd_port, "SET_CALL_VOICE:12") == (
+                "ERROR:format SET_CALL_VOICE:<call_id>|<voice>"
+            )
+            assert await cmd(eng.cmd_port, "RELOAD_VOICES") == "VOICES:a,b,c"
+    finally:
+        await dock.stop()
+    assert [(c.call_id, c.voice) for c in synth.calls if c.call_id == 12] == [
+        (12, "b"),
+        (12, None),
+    ]
 
 
 def test_synth_cli_with_clone_prompt(converted: tuple[Path, Path], tmp_path: Path, capsys) -> None:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from engines.runtime.calltable import (
     ENDED_MEMORY,
+    MAX_PENDING_VOICES,
     MAX_QUEUED_TEXTS,
     Call,
     CallPhase,
@@ -296,6 +297,56 @@ def test_call_voice_wins_over_the_engine_voice_and_ends_with_the_call() -> None:
     assert utt is not None
     t.begin(fresh, utt)
     assert fresh.state.voice == "engine" and fresh.state.call_voice is None
+
+
+def test_set_call_voice_on_an_open_call_goes_to_its_state() -> None:
+    t = table()
+    t.settings.voice = "engine"
+    t.text(1, b"a", 0, now=0.0)
+    call = t.calls[1]
+    t.set_call_voice(1, "mine", now=0.0)
+    assert call.state.call_voice == "mine" and not t.pending_voices
+    speak_one(t, call)
+    assert call.state.voice == "mine"
+    t.set_call_voice(1, None, now=0.0)  # back to the engine's voice
+    t.text(1, b"b", 0, now=0.0)
+    speak_one(t, call)
+    assert call.state.voice == "engine" and call.state.call_voice is None
+
+
+def test_a_voice_set_before_the_call_opens_waits_for_it() -> None:
+    t = table(idle_s=10.0)
+    t.settings.voice = "engine"
+    t.set_call_voice(1, "early", now=0.0)
+    t.set_call_voice(2, "gone", now=0.0)
+    t.set_call_voice(2, None, now=0.0)  # cleared before the call opened
+    assert list(t.pending_voices) == [1]
+    t.speech_idle(1, now=1.0)  # the call opens (prewarm): the voice is its own now
+    assert t.calls[1].state.call_voice == "early" and not t.pending_voices
+    t.text(1, b"a", 0, now=1.0)
+    speak_one(t, t.calls[1])
+    assert t.calls[1].state.voice == "early"
+    t.text(2, b"b", 0, now=1.0)
+    speak_one(t, t.calls[2])
+    assert t.calls[2].state.voice == "engine"
+
+
+def test_a_pending_voice_ends_with_call_end_idle_time_and_the_bound() -> None:
+    t = table(idle_s=10.0)
+    t.set_call_voice(1, "v", now=0.0)
+    t.call_end(1)  # the call ended before it ever opened
+    t.text(1, b"a", 0, now=0.0)
+    assert t.calls[1].state.call_voice is None
+    t.set_call_voice(2, "v", now=0.0)
+    t.set_call_voice(3, "v", now=5.0)
+    t.sweep(now=10.0)  # set idle_s ago: forgotten, like an idle call
+    assert list(t.pending_voices) == [3]
+    t.sweep(now=15.0)
+    assert not t.pending_voices
+    for cid in range(100, 100 + MAX_PENDING_VOICES + 2):
+        t.set_call_voice(cid, "v", now=20.0)
+    assert len(t.pending_voices) == MAX_PENDING_VOICES
+    assert next(iter(t.pending_voices)) == 102  # the oldest two went first
 
 
 def test_engine_state_is_made_once_per_call() -> None:

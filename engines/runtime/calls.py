@@ -233,6 +233,10 @@ class CallManager:
     def on_call_end(self, call_id: int) -> None:
         self._apply(self.table.call_end(call_id))
 
+    def set_call_voice(self, call_id: int, voice: str | None) -> None:
+        """SET_CALL_VOICE: the call's own voice (``None``: the engine's); ``CallTable``."""
+        self.table.set_call_voice(call_id, voice, self.clock())
+
     def on_link_lost(self) -> None:
         self.table.link_lost()
 

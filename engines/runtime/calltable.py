@@ -21,6 +21,11 @@ evicted to make room. A speaking call is never evicted. An evicted call that lat
 text simply reopens (fresh ``CallState``). Evictions are counted (``calls_evicted``) and
 logged (``call_evicted``).
 
+Per-call voice: ``set_call_voice`` (cmd port SET_CALL_VOICE) gives a call its own voice
+in its ``CallState``, which ``begin`` snapshots at each utterance and which ends with the
+call. A voice set for a call not open yet waits in ``pending_voices`` (bounded; dropped
+by CALL_END and after ``idle_s``) and goes to the call's state when it opens.
+
 Barge-in: ``speech_active`` cancels the utterance's token at once; ``gate`` is the check
 the shell makes immediately before every socket write with nothing in between, so no
 packet of that call is written after the SPEECH_ACTIVE frame has been processed
@@ -50,6 +55,8 @@ MAX_QUEUED_TEXTS = 256  # per call; more text is dropped (counted, logged)
 ENDED_MEMORY = ENDED_CALLS  # ended call ids remembered (svc.lru says why this many)
 CALL_IDLE_S = 600.0  # a call silent (no text, no speech event) this long is evicted
 MAX_CALLS = 4096  # live calls kept; beyond, the least recently active idle call is evicted
+#: voices set (``set_call_voice``) for calls not open yet; beyond, the oldest is forgotten
+MAX_PENDING_VOICES = 256
 
 
 class CallPhase(enum.Enum):
@@ -302,6 +309,9 @@ class CallTable:
         #: live calls, least recently active first (``touch`` moves a call to the end)
         self.calls: OrderedDict[int, Call] = OrderedDict()
         self.calls_evicted: dict[str, int] = {"idle": 0, "cap": 0}
+        #: call id -> (voice, when set) for calls not open yet: handed to the call's
+        #: ``CallState`` when it opens; CALL_END, ``idle_s`` and the bound drop it
+        self.pending_voices: OrderedDict[int, tuple[str, float]] = OrderedDict()
         self.ended = EndedCalls(ENDED_MEMORY)
         self.closing = False  # no new work is taken (shutdown)
         #: utilisation and headroom over the recent units of work (``load.py``)
@@ -370,6 +380,7 @@ class CallTable:
         """CALL_END: the call ends now, whatever it was doing; its id is remembered."""
         call = self.calls.pop(call_id, None)
         self.ended.add(call_id)
+        self.pending_voices.pop(call_id, None)
         if call is None:
             return []
         call.apply(CallInput.CALL_END)
@@ -378,6 +389,23 @@ class CallTable:
         self.stats.calls_ended += 1
         log.info("call_ended", call_id=call_id, utterances=call.utterances, packets=call.packets)
         return [WakeWorker(call)]
+
+    def set_call_voice(self, call_id: int, voice: str | None, now: float) -> None:
+        """SET_CALL_VOICE: the call's own voice from its next utterance on (``None``: back
+        to the engine's). An open call keeps it in its ``CallState`` (it ends with the
+        call); a call not open yet gets it when it opens, if that is within ``idle_s`` and
+        before CALL_END (at most ``MAX_PENDING_VOICES`` such calls, oldest forgotten first).
+        The caller has checked the name against the engine's voices."""
+        call = self.calls.get(call_id)
+        if call is not None:
+            call.state.set_voice(voice)
+            return
+        self.pending_voices.pop(call_id, None)
+        if voice is None:
+            return
+        self.pending_voices[call_id] = (voice, now)
+        while len(self.pending_voices) > MAX_PENDING_VOICES:
+            self.pending_voices.popitem(last=False)
 
     def link_lost(self) -> int:
         """The dock is gone: abandon every docked call's pending audio (the new dock would
@@ -424,6 +452,9 @@ class CallTable:
             actions += self._evict_over_cap(self.max_calls - 1, now)
         call = Call(call_id, sink)
         call.last_active = now
+        pending = self.pending_voices.pop(call_id, None)
+        if pending is not None:
+            call.state.set_voice(pending[0])
         self.calls[call_id] = call
         self.stats.calls_started += 1
         actions.append(StartWorker(call))
@@ -462,8 +493,13 @@ class CallTable:
         return actions
 
     def sweep(self, now: float) -> list[Action]:
-        """Evict calls idle for ``idle_s`` or more, then enforce ``max_calls``."""
+        """Evict calls idle for ``idle_s`` or more, then enforce ``max_calls``; forget
+        voices set ``idle_s`` or more ago for calls that never opened."""
         limit = now - self.idle_s
+        for call_id, (_, t_set) in list(self.pending_voices.items()):
+            if t_set > limit:
+                break  # in the order set: every later one is more recent
+            del self.pending_voices[call_id]
         actions: list[Action] = []
         for call in list(self.calls.values()):
             if call.last_active > limit:

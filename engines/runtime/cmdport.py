@@ -17,7 +17,8 @@ logs ``cmd_synthesis_busy``. The capacity is given back when the synthesis
 thread ends, not when its request is abandoned. Each offline synthesis gets the
 runtime's playback clock like a call's (a listener that plays its audio as it is
 produced).
-Rule 4: the calls are read through ``CallManager.snapshot`` / ``synthesis``, and an
+Rule 4: the calls are read through ``CallManager.snapshot`` / ``synthesis`` (a call's
+voice is set through ``CallManager.set_call_voice``, for every engine), and an
 optional engine command is answered only by an engine that declares it (the
 ``synth`` Protocols, checked once here). BENCHMARK runs 1..``BENCH_MAX``
 iterations (a larger count is capped, 0 becomes 1).
@@ -49,7 +50,6 @@ from engines.runtime.synth import (
     SPEED_MAX,
     SPEED_MIN,
     CallState,
-    CallVoices,
     CancelToken,
     ExecutionPlan,
     LexiconControl,
@@ -130,7 +130,6 @@ class CommandHandler:
         self.synth_wait = CMD_SYNTH_WAIT
         self._offline = asyncio.Semaphore(CMD_SYNTH_CONCURRENT)  # offline synthesis capacity
         # optional commands: what the engine declares, checked once
-        self._call_voices = synth if isinstance(synth, CallVoices) else None
         self._voice_store = synth if isinstance(synth, VoiceStore) else None
         self._spoken_form = synth if isinstance(synth, SpokenForm) else None
         self._table: dict[str, Callable[[Command], Awaitable[str]]] = {
@@ -345,11 +344,8 @@ class CommandHandler:
         return f"VOICE:{name}"
 
     async def set_call_voice(self, cmd: Command) -> str:
-        """``SET_CALL_VOICE:<call_id>|<voice>`` (empty voice: back to the engine's): only for
-        synthesisers with a ``set_call_voice(call_id, voice)`` method (Qwen3 Base)."""
-        target = self._call_voices
-        if target is None:
-            return ERR_UNKNOWN
+        """``SET_CALL_VOICE:<call_id>|<voice>`` (empty voice: back to the engine's), for any
+        engine: the runtime keeps the call's voice (``CallManager.set_call_voice``)."""
         cid, bar, name = (cmd.arg or "").partition("|")
         if not bar or not cid.strip().isdigit():
             return "ERROR:format SET_CALL_VOICE:<call_id>|<voice>"
@@ -357,7 +353,7 @@ class CommandHandler:
         names = await in_thread(self.synth.voices)
         if name and name not in names:
             return f"ERROR:Unknown voice {name[:64]}"
-        await in_thread(target.set_call_voice, int(cid), name or None)
+        self.calls.set_call_voice(int(cid), name or None)
         log.info("call_voice_set", call_id=int(cid), voice=name or None)
         return f"VOICE:{int(cid)}:{name or '-'}"
 

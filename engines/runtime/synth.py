@@ -242,7 +242,7 @@ class Synthesizer(Protocol):
         """Run a short synthesis so that the first call is not slow."""
 
     def voices(self) -> list[str]:
-        """Names accepted by ``CallState.voice`` / ``SET_VOICE``."""
+        """Names accepted by ``CallState.voice`` / ``SET_VOICE`` / ``SET_CALL_VOICE``."""
 
     @property
     def default_voice(self) -> str:
@@ -331,14 +331,6 @@ class SelfScheduled(Protocol):
     (``engines.runtime.calls``)."""
 
     self_scheduled: bool
-
-
-@runtime_checkable
-class CallVoices(Protocol):
-    """Optional: ``SET_CALL_VOICE`` (the engine keeps a voice per call). Blocks; runs in a
-    worker thread."""
-
-    def set_call_voice(self, call_id: int, voice: str | None) -> None: ...
 
 
 @runtime_checkable

@@ -5,14 +5,13 @@
 ``RELOAD_VOICES``). Without any prompt the only voice is ``default`` (the
 ``--speaker-embedding`` / ``--ref-codes`` flags, or the zero x-vector).
 Selection: engine-wide with ``SET_VOICE:<name>``, per call with
-``SET_CALL_VOICE:<call_id>|<name>`` (bounded map, oldest call forgotten first).
+``SET_CALL_VOICE:<call_id>|<name>`` (the runtime keeps it in the call's ``CallState``).
 Every prompt is checked against the loaded model's size and width when read.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import structlog
@@ -23,14 +22,12 @@ from engines.runtime.synth import SynthesisError
 log = structlog.get_logger(__name__)
 
 DEFAULT_VOICE = "default"
-MAX_CALL_VOICES = 4096
 
 
 class ClonePromptVoices:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._prompts: dict[str, ClonePrompt] = {}
-        self._calls: OrderedDict[int, str] = OrderedDict()
         self.default: str | None = None
         self._single: Path | None = None
         self._dir: Path | None = None
@@ -89,15 +86,3 @@ class ClonePromptVoices:
             return None
         with self._lock:
             return self._prompts.get(name)
-
-    def set_call(self, call_id: int, voice: str | None) -> None:
-        with self._lock:
-            self._calls.pop(call_id, None)
-            if voice is not None:
-                self._calls[call_id] = voice
-                while len(self._calls) > MAX_CALL_VOICES:
-                    self._calls.popitem(last=False)
-
-    def call_voice(self, call_id: int) -> str | None:
-        with self._lock:
-            return self._calls.get(call_id)

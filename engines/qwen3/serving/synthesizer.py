@@ -11,18 +11,18 @@ Concurrent utterances are not serialised: the engine's batch scheduler runs
 every active utterance (any call) as one row of each frame step, so
 ``self_scheduled`` is True: the runtime gives each utterance its own thread
 that just iterates ``synthesize`` (which blocks on the scheduler's frames).
-Admission is deadline-aware: the call's ``CallState.playback.ahead_s()`` (when
-the runtime provides it; else this file's own estimate from the audio handed
-out since the first chunk) tells the scheduler which waiting utterance is
-closest to running dry. Per utterance the stats record TTFA, queue wait and
-underruns (audio handed out later than a real-time listener would play it).
+Admission is deadline-aware: the call's ``CallState.playback.ahead_s()`` (the
+runtime's playback clock; 0 s when there is no listener, ``state.playback`` is
+``None``) tells the scheduler which waiting utterance is closest to running dry.
+TTFA, underruns and the per-call figures are the runtime's (STATS ``ttfa_*``,
+``call.<id>=``, the ``utterance_completed`` log line); this file's stats are the
+engine's own timings: prefill, talker, code predictor, vocoder and batch queue wait.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +70,6 @@ MAX_FRAMES_CAP = 1500
 #: Vocoder left context per streamed chunk: one attention window of the codec decoder
 #: (README, Qwen3: measured SNR vs the full decode 27 dB at 25 frames, 45 dB at 72).
 DEFAULT_LEFT_CONTEXT = 72
-
-
-#: Per-call stats kept for this many recent calls (STATS ``synth.call.<id>.*``).
-STATS_CALLS = 16
 
 
 @runtime_checkable
@@ -225,27 +221,6 @@ def ramp(chunk_frames: int) -> list[int]:
     return out
 
 
-class _Playout:
-    """This side's estimate of a real-time listener: audio handed out vs time since first audio.
-
-    Used when the runtime gives no ``CallState.playback``. ``ahead_s`` < 0 is an underrun.
-    """
-
-    def __init__(self) -> None:
-        self.t_first: float | None = None
-        self.audio_s = 0.0
-
-    def add(self, samples: int) -> None:
-        if self.t_first is None:
-            self.t_first = time.perf_counter()
-        self.audio_s += samples / SAMPLE_RATE
-
-    def ahead_s(self) -> float:
-        if self.t_first is None:
-            return 0.0
-        return self.audio_s - (time.perf_counter() - self.t_first)
-
-
 class Qwen3Synthesizer:
     """Qwen3-TTS (GGUF talker + code predictor, ONNX vocoder) as a ``Synthesizer``."""
 
@@ -273,11 +248,9 @@ class Qwen3Synthesizer:
         self._lock = threading.Lock()
         self._prompts = ClonePromptVoices()
         self._stats: dict[str, float] = {}
-        self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0, "underruns": 0.0}
-        self._calls: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._totals = {"utterances": 0.0, "frames": 0.0, "cancelled": 0.0}
         self._speaking = 0  # utterances in synthesize() now (the vocoder batcher's hint)
         self._batcher: VocoderBatcher | None = None
-        self._ttfa: list[float] = []
 
     #: The runtime keeps one thread per utterance iterating ``synthesize`` and does not
     #: serialise them: the engine's batch scheduler runs them together.
@@ -395,7 +368,8 @@ class Qwen3Synthesizer:
             return list(self._speakers) if self._speakers else preset_names()
         return self._prompts.voices()
 
-    # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE.
+    # Voice-clone prompts (Base): engine-wide with SET_VOICE, per call with SET_CALL_VOICE
+    # (the runtime keeps the call's voice in ``CallState``; ``synthesize`` reads ``voice``).
     def _load_clone_prompts(self, generator: FrameSource) -> None:
         o = self.options
         if o.clone_prompt is None and o.clone_prompt_dir is None:
@@ -414,12 +388,6 @@ class Qwen3Synthesizer:
         """Rescan ``--clone-prompt-dir`` (cmd port ``RELOAD_VOICES``); returns the voices."""
         self._prompts.rescan()
         return self.voices()
-
-    def set_call_voice(self, call_id: int, voice: str | None) -> None:
-        """Voice of one call's next utterances (cmd port ``SET_CALL_VOICE``); None clears."""
-        if voice is not None and voice not in self.voices():
-            raise VoiceNotFound(f"qwen3: unknown voice {voice!r}")
-        self._prompts.set_call(call_id, voice)
 
     @property
     def default_voice(self) -> str:
@@ -528,7 +496,7 @@ class Qwen3Synthesizer:
         if not text.strip():
             return
         cancel.raise_if_cancelled()
-        voice = self._prompts.call_voice(state.call_id) or state.voice
+        voice = state.voice  # the runtime's snapshot: request, call, then engine voice
         req = self.make_request(text, voice)
         prompt = self._prompts.get(voice or self.default_voice) if self.mode == "base" else None
         ref = prompt.ref_codes if prompt is not None else self._ref_codes
@@ -583,19 +551,11 @@ class Qwen3Synthesizer:
         frames = 0
         samples = 0
         done = False
-        underruns = 0
-        dry = False
-        own = _Playout()
         timings: dict[str, float] = {}
 
-        def ahead() -> float:
+        def ahead() -> float:  # the scheduler's urgency: the runtime's playback clock
             pb = state.playback
-            if pb is not None:
-                try:
-                    return float(pb.ahead_s())
-                except Exception:
-                    pass
-            return own.ahead_s()
+            return 0.0 if pb is None else pb.ahead_s()
 
         try:
             for frame in self._frames(req, cancel, ahead, timings):
@@ -607,13 +567,7 @@ class Qwen3Synthesizer:
                 if audio is not None:
                     if ttfa_ms < 0:
                         ttfa_ms = (time.perf_counter() - t0) * 1e3
-                    elif ahead() < 0:
-                        underruns += 0 if dry else 1  # one per dip below zero
-                        dry = True
-                    else:
-                        dry = False
                     samples += audio.shape[0]
-                    own.add(audio.shape[0])
                     yield audio
                     cancel.raise_if_cancelled()
             cancel.raise_if_cancelled()
@@ -623,10 +577,7 @@ class Qwen3Synthesizer:
             if rest.size:
                 if ttfa_ms < 0:
                     ttfa_ms = (time.perf_counter() - t0) * 1e3
-                elif ahead() < 0 and not dry:
-                    underruns += 1
                 samples += rest.shape[0]
-                own.add(rest.shape[0])
                 yield rest
             done = True
         except SynthesisCancelled:
@@ -644,24 +595,6 @@ class Qwen3Synthesizer:
         finally:
             wall_ms = (time.perf_counter() - t0) * 1e3
             self._record(frames, samples, wall_ms, voc_ms, ttfa_ms, done, timings)
-            self._record_call(state.call_id, ttfa_ms, underruns, timings)
-
-    def _record_call(
-        self, call_id: int, ttfa_ms: float, underruns: int, timings: dict[str, float]
-    ) -> None:
-        with self._lock:
-            self._totals["underruns"] += underruns
-            c = self._calls.pop(call_id, None) or {"utterances": 0.0, "underruns": 0.0}
-            c["utterances"] += 1
-            c["underruns"] += underruns
-            c["ttfa_ms"] = ttfa_ms
-            c["queue_ms"] = float(timings.get("queue", 0.0))
-            self._calls[call_id] = c
-            while len(self._calls) > STATS_CALLS:
-                self._calls.popitem(last=False)
-            if ttfa_ms >= 0:
-                self._ttfa.append(ttfa_ms)
-                del self._ttfa[:-256]
 
     def _record(
         self,
@@ -697,15 +630,12 @@ class Qwen3Synthesizer:
         )
 
     def stats(self) -> dict[str, float]:
-        """Last utterance, totals, TTFA percentiles, batch scheduler and recent calls."""
+        """The engine's own figures: the last utterance's stage timings, totals, the vocoder
+        batcher and the batch scheduler (TTFA, underruns and per-call figures are the
+        runtime's)."""
         with self._lock:
             out = {f"last_{k}": v for k, v in self._stats.items()}
             out.update({f"total_{k}": v for k, v in self._totals.items()})
-            if self._ttfa:
-                out["ttfa_ms_p50"] = float(np.percentile(self._ttfa, 50))
-                out["ttfa_ms_p95"] = float(np.percentile(self._ttfa, 95))
-            for cid, c in self._calls.items():
-                out.update({f"call.{cid}.{k}": v for k, v in c.items()})
             if self._batcher is not None:
                 out["vocoder_runs"] = float(self._batcher.runs)
                 out["vocoder_windows"] = float(self._batcher.windows)
