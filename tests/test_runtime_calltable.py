@@ -14,6 +14,7 @@ from engines.runtime.calltable import (
     CallTable,
     EngineSettings,
     StartWorker,
+    Utterance,
     UtteranceEnd,
     WakeWorker,
 )
@@ -44,10 +45,16 @@ def woken(actions: list[StartWorker | WakeWorker]) -> list[int]:
     return [a.call.call_id for a in actions if isinstance(a, WakeWorker)]
 
 
-def speak_one(t: CallTable, call: Call, now: float = 0.0) -> None:
-    """Run the call's next utterance to its end, as the shell would (one packet)."""
+def next_of(t: CallTable, call: Call, now: float = 0.0) -> Utterance:
+    """The call's next utterance (there must be one)."""
     utt = t.next_utterance(call, now)
     assert utt is not None
+    return utt
+
+
+def speak_one(t: CallTable, call: Call, now: float = 0.0) -> None:
+    """Run the call's next utterance to its end, as the shell would (one packet)."""
+    utt = next_of(t, call, now)
     assert t.admitted(call, utt, utt.t_rx_ns)
     meter = t.begin(call, utt)
     if t.gate(call, utt):
@@ -103,8 +110,7 @@ def test_bargein_cuts_queue_and_utterance_and_the_gate_drops() -> None:
     t.text(1, b"a", 1, now=0.0)
     t.text(1, b"b", 2, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     assert t.gate(call, utt)
     assert t.speech_active(1, 10, now=0.5, now_ns=3_000_010) == []
     assert utt.token.cancelled and not call.queue and utt.t_bargein_ns == 10
@@ -124,8 +130,7 @@ def test_call_end_ends_a_speaking_call_and_remembers_its_id() -> None:
     t = table()
     t.text(1, b"a", 1, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     assert woken(t.call_end(1)) == [1]
     assert call.closed and call.phase is CallPhase.ENDED and utt.token.cancelled
     assert not t.gate(call, utt)
@@ -199,8 +204,7 @@ def test_sent_packets_give_ttfa_and_underruns() -> None:
     t = table()
     t.text(1, b"a", 1_000_000_000, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.begin(call, utt)
     assert call.state.playback is utt.meter
     samples = SAMPLE_RATE // 10  # 100 ms
@@ -216,8 +220,7 @@ def test_unsent_packet_abandons_the_utterance() -> None:
     t = table()
     t.text(1, b"a", 0, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.unsent(call, utt)
     assert utt.token.cancelled and t.stats.packets_unsent == 1
 
@@ -226,8 +229,7 @@ def test_units_feed_the_estimates_and_the_load() -> None:
     t = table()
     t.text(1, b"a", 0, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.begin(call, utt)
     est = StepEstimate()
     pcm = [b"\0" * 4 * 2400]
@@ -254,12 +256,10 @@ def test_finished_counts_each_outcome_once() -> None:
     t.text(1, b"c", 0, now=0.0)
     call = t.calls[1]
     speak_one(t, call)
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.finished(call, utt, UtteranceEnd(0, True, RuntimeError("boom")), 0)
     t.utterance_done(call)
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     utt.token.cancel()
     t.finished(call, utt, UtteranceEnd(0, False), 0)
     s = t.stats
@@ -271,8 +271,7 @@ def test_cut_while_waiting_is_not_admitted() -> None:
     t = table()
     t.text(1, b"a", 0, now=0.0)
     call = t.calls[1]
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.speech_active(1, 0, now=0.0, now_ns=0)
     assert not t.admitted(call, utt, 0) and t.stats.utterances_cancelled == 1
 
@@ -286,8 +285,7 @@ def test_call_voice_wins_over_the_engine_voice_and_ends_with_the_call() -> None:
     t.text(1, b"a", 0, now=0.0)
     call = t.calls[1]
     call.state.set_voice("mine")
-    utt = t.next_utterance(call, 0.0)
-    assert utt is not None
+    utt = next_of(t, call)
     t.begin(call, utt)
     assert call.state.voice == "mine"
     t.call_end(1)
