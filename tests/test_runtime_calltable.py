@@ -52,6 +52,14 @@ def next_of(t: CallTable, call: Call, now: float = 0.0) -> Utterance:
     return utt
 
 
+def one_utterance(t_rx_ns: int = 0) -> tuple[CallTable, Call, Utterance]:
+    """A table whose call 1 got text ``a`` at ``t_rx_ns``, and that call's utterance."""
+    t = table()
+    t.text(1, b"a", t_rx_ns, now=0.0)
+    call = t.calls[1]
+    return t, call, next_of(t, call)
+
+
 def speak_one(t: CallTable, call: Call, now: float = 0.0) -> None:
     """Run the call's next utterance to its end, as the shell would (one packet)."""
     utt = next_of(t, call, now)
@@ -127,10 +135,7 @@ def test_bargein_with_nothing_to_cut_is_not_counted() -> None:
 
 
 def test_call_end_ends_a_speaking_call_and_remembers_its_id() -> None:
-    t = table()
-    t.text(1, b"a", 1, now=0.0)
-    call = t.calls[1]
-    utt = next_of(t, call)
+    t, call, utt = one_utterance(1)
     assert woken(t.call_end(1)) == [1]
     assert call.closed and call.phase is CallPhase.ENDED and utt.token.cancelled
     assert not t.gate(call, utt)
@@ -201,10 +206,7 @@ def test_ended_memory_is_bounded() -> None:
 
 
 def test_sent_packets_give_ttfa_and_underruns() -> None:
-    t = table()
-    t.text(1, b"a", 1_000_000_000, now=0.0)
-    call = t.calls[1]
-    utt = next_of(t, call)
+    t, call, utt = one_utterance(1_000_000_000)
     t.begin(call, utt)
     assert call.state.playback is utt.meter
     samples = SAMPLE_RATE // 10  # 100 ms
@@ -217,19 +219,13 @@ def test_sent_packets_give_ttfa_and_underruns() -> None:
 
 
 def test_unsent_packet_abandons_the_utterance() -> None:
-    t = table()
-    t.text(1, b"a", 0, now=0.0)
-    call = t.calls[1]
-    utt = next_of(t, call)
+    t, call, utt = one_utterance(0)
     t.unsent(call, utt)
     assert utt.token.cancelled and t.stats.packets_unsent == 1
 
 
 def test_units_feed_the_estimates_and_the_load() -> None:
-    t = table()
-    t.text(1, b"a", 0, now=0.0)
-    call = t.calls[1]
-    utt = next_of(t, call)
+    t, call, utt = one_utterance(0)
     t.begin(call, utt)
     est = StepEstimate()
     pcm = [b"\0" * 4 * 2400]
@@ -268,10 +264,7 @@ def test_finished_counts_each_outcome_once() -> None:
 
 
 def test_cut_while_waiting_is_not_admitted() -> None:
-    t = table()
-    t.text(1, b"a", 0, now=0.0)
-    call = t.calls[1]
-    utt = next_of(t, call)
+    t, call, utt = one_utterance(0)
     t.speech_active(1, 0, now=0.0, now_ns=0)
     assert not t.admitted(call, utt, 0) and t.stats.utterances_cancelled == 1
 
