@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +21,8 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from e2e_helpers import Cleanup  # noqa: E402  (after the path set-up above)
+
 settings.register_profile(
     "default",
     deadline=None,
@@ -26,3 +30,13 @@ settings.register_profile(
     max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "100")),
 )
 settings.load_profile("default")
+
+
+@pytest.fixture
+async def cleanup() -> AsyncIterator[Cleanup]:
+    """Processes and tasks a test started, stopped after it (``e2e_helpers.Cleanup``)."""
+    c = Cleanup()
+    try:
+        yield c
+    finally:
+        await c.run()

@@ -13,7 +13,6 @@ import asyncio
 import re
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -63,15 +62,6 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     qh.convert_checkpoint(hf, out, dtype="f16")
     export_tiny_vocoder(out / VOCODER_FILE)
     return out
-
-
-@pytest.fixture
-async def cleanup() -> AsyncIterator[Cleanup]:
-    c = Cleanup()
-    try:
-        yield c
-    finally:
-        await c.run()
 
 
 #: Synthesis threads at the loop's priority (the default since niced threads were found to

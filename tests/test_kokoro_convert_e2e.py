@@ -24,7 +24,6 @@ normalises the gain of SYNTH_WAV audio, so the comparison first fits one gain
 from __future__ import annotations
 
 import wave
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +79,6 @@ def official_audio(held_noise: Path) -> np.ndarray:
         synth.close()
     ref = va.official_forward(kch.official_model(kch.source_dir()), tokens, style, seed=NOISE_SEED)
     return ref.audio
-
-
-@pytest.fixture
-async def cleanup() -> AsyncIterator[Cleanup]:
-    c = Cleanup()
-    try:
-        yield c
-    finally:
-        await c.run()
 
 
 def aligned_distance(reference: np.ndarray, audio: np.ndarray) -> tuple[float, int, float]:

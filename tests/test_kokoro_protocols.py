@@ -8,7 +8,6 @@ import asyncio
 import io
 import json
 import wave
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -38,15 +37,6 @@ NO_NICE = {"TTSDOCK_SYNTH_NICE": "0"}
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     kh = pytest.importorskip("kokoro_helpers")
     return Path(kh.shared_models_dir(tmp_path_factory))
-
-
-@pytest.fixture
-async def cleanup() -> AsyncIterator[Cleanup]:
-    c = Cleanup()
-    try:
-        yield c
-    finally:
-        await c.run()
 
 
 async def dock_with_http(tmp: Path, cleanup: Cleanup) -> DockProcess:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ pytestmark = pytest.mark.slow
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
-
-
-@pytest.fixture
-async def cleanup() -> AsyncIterator[Cleanup]:
-    c = Cleanup()
-    try:
-        yield c
-    finally:
-        await c.run()
 
 
 def ttsdock(*args: str) -> str:
