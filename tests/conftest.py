@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -22,6 +23,10 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from e2e_helpers import Cleanup  # noqa: E402  (after the path set-up above)
+from runtime_helpers import FakeDock  # noqa: E402
+
+if TYPE_CHECKING:
+    from engines.kokoro.synth import KokoroSynthesizer
 
 settings.register_profile(
     "default",
@@ -40,3 +45,28 @@ async def cleanup() -> AsyncIterator[Cleanup]:
         yield c
     finally:
         await c.run()
+
+
+@pytest.fixture
+async def dock() -> AsyncIterator[FakeDock]:
+    """A fake dock on a free loopback port (``runtime_helpers.FakeDock``)."""
+    d = FakeDock()
+    await d.start()
+    yield d
+    await d.stop()
+
+
+@pytest.fixture(scope="module")
+def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Kokoro model, assembled once per run (``kokoro_helpers.shared_models_dir``)."""
+    from kokoro_helpers import shared_models_dir
+
+    return shared_models_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def kokoro_synth(kokoro_models_dir: Path) -> Iterator[KokoroSynthesizer]:
+    """A loaded Kokoro synthesiser (``kokoro_helpers.loaded_synth``)."""
+    from kokoro_helpers import loaded_synth
+
+    yield from loaded_synth(kokoro_models_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 from kokoro_helpers import (
     DE_SENTENCE,
     EN_SENTENCE,
-    loaded_synth,
     rms,
-    shared_models_dir,
     speak,
     spy,
 )
@@ -35,16 +33,6 @@ from engines.runtime.synth import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared_models_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def kokoro_synth(kokoro_models_dir: Path) -> Iterator[KokoroSynthesizer]:
-    yield from loaded_synth(kokoro_models_dir)
 
 
 def test_is_a_synthesizer(kokoro_synth: KokoroSynthesizer) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kokoro_helpers import shared_models_dir
 
 from engines.kokoro import models
 from engines.kokoro.models import (
@@ -27,11 +26,6 @@ from engines.kokoro.models import (
 )
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.runtime.synth import VoiceNotFound
-
-
-@pytest.fixture(scope="module")
-def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared_models_dir(tmp_path_factory)
 
 
 def test_assembled_model_has_the_pinned_hash(kokoro_models_dir: Path) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 import structlog
-from kokoro_helpers import shared_models_dir
 
 from engines.kokoro.graph_split import SplitGraphs
 from engines.kokoro.plans import (
@@ -160,11 +159,6 @@ def test_log_spectral_distance_tolerates_precision_and_catches_real_changes() ->
     assert log_spectral_distance(near, ref) < MAX_LOG_SPECTRAL_DISTANCE
     assert log_spectral_distance(tone(scale=0.5), ref) > MAX_LOG_SPECTRAL_DISTANCE  # half gain
     assert log_spectral_distance(tone(noise=0.5), ref) > MAX_LOG_SPECTRAL_DISTANCE
-
-
-@pytest.fixture(scope="module")
-def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared_models_dir(tmp_path_factory)
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +11,7 @@ import structlog
 from kokoro_helpers import (
     EN_SENTENCE,
     assert_seamless_windows,
-    loaded_synth,
     rms,
-    shared_models_dir,
     speak,
     spy,
 )
@@ -35,16 +32,6 @@ SEAM_TEXT = (
     "Your package will arrive on Thursday between nine and noon, "
     "and the driver will call you when he is close."
 )
-
-
-@pytest.fixture(scope="module")
-def kokoro_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared_models_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def kokoro_synth(kokoro_models_dir: Path) -> Iterator[KokoroSynthesizer]:
-    yield from loaded_synth(kokoro_models_dir)
 
 
 def tokens_of(synth: KokoroSynthesizer, text: str) -> list[int]:

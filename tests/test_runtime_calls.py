@@ -47,14 +47,6 @@ async def settle(s: DockSession) -> None:
     await s.ping_rtt()
 
 
-@pytest.fixture
-async def dock() -> FakeDock:
-    d = FakeDock()
-    await d.start()
-    yield d
-    await d.stop()
-
-
 async def test_text_becomes_framed_audio(dock: FakeDock) -> None:
     synth = ToneSynth(phrase_ms=300)
     async with running_engine(synth, dock.port) as eng:

@@ -19,14 +19,6 @@ from engines.runtime.synth import CallState, CancelToken, FloatArray
 from protocol import CallEnd, SpeechActive
 
 
-@pytest.fixture
-async def dock() -> FakeDock:
-    d = FakeDock()
-    await d.start()
-    yield d
-    await d.stop()
-
-
 async def wait_for(cond, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
     async with asyncio.timeout(within):
         while not cond():  # noqa: ASYNC110
