@@ -1,5 +1,4 @@
-"""The ONNX backend: its edge caps (the cap vector, the duration-cap graph patch) and its
-sessions' shared memory arena."""
+"""The ONNX backend's edge caps: the cap vector, and the duration-cap graph patch."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from engines.kokoro.backend import (
     OnnxBackend,
     capped_model_source,
     patch_duration_cap,
-    shared_cpu_arena,
 )
 
 
@@ -90,13 +88,3 @@ def test_patched_graph_is_cached_beside_the_model(tmp_path: Path) -> None:
     assert stamp.read_text() != "stale"
     # the variant loader globs *.onnx: the cache must not look like a model
     assert sorted(p.name for p in tmp_path.glob("*.onnx")) == ["m.onnx"]
-
-
-def test_every_session_draws_on_one_shared_arena(tmp_path: Path) -> None:
-    """Sessions opt in to the process's one CPU arena (ONNX Runtime's environment
-    allocator), registered once however many backends load."""
-
-    assert shared_cpu_arena() and shared_cpu_arena()  # idempotent
-    backend = OnnxBackend(tmp_path / "model.onnx", threads=1)
-    opts, _ = backend._options(1)
-    assert opts.get_session_config_entry("session.use_env_allocators") == "1"

@@ -57,42 +57,6 @@ TAIL_PAD_FRAMES = 1  # trailing pad after a final mark
 OPEN_TAIL_PAD_FRAMES = 6
 NO_CAP = 1 << 20
 
-_arena_lock = threading.Lock()
-_arena_registered = False
-
-
-def shared_cpu_arena() -> bool:
-    """Register one CPU memory arena in ONNX Runtime's environment, shared by every
-    session of this process that opts in (``session.use_env_allocators``), growing by
-    exactly what is requested (not to the next power of two).
-
-    Why: each session's own arena keeps the peak of every input shape it has seen
-    (windows and sentences all differ), and this engine runs four sessions (two
-    stages at one thread and at every core). Measured in a 30-minute two-call soak:
-    engine RSS 796 MB at minute 5, 881 MB at minute 30 with an arena per session.
-    The shared arena holds one peak per concurrently running session instead of one
-    per session, at the same speed (ratio 0.98 on alternating decodes).
-    Returns False where onnxruntime cannot do it (then every session keeps its own).
-    """
-    global _arena_registered
-    with _arena_lock:
-        if _arena_registered:
-            return True
-        try:
-            import onnxruntime as ort
-
-            info = ort.OrtMemoryInfo(
-                "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
-            )
-            # max_mem 0 (no cap), extend strategy 1 (kSameAsRequested), defaults for the
-            # initial chunk and dead bytes per chunk
-            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
-        except Exception as exc:  # an onnxruntime without the API: own arenas
-            log.info("shared_arena_unavailable", reason=repr(exc))
-            return False
-        _arena_registered = True
-        return True
-
 
 def patch_duration_cap(model_path: Path) -> bytes | None:
     """The model with a ``dur_cap`` input (``patch_duration_cap_model``), serialised.
@@ -284,8 +248,6 @@ class OnnxBackend:
         # no memory patterns: they are cached per input shape, and every window and
         # sentence has its own shape (the cache would grow for the process's lifetime)
         opts = session_options(threads, spinning=self.spinning, mem_pattern=False)
-        if shared_cpu_arena():
-            opts.add_session_config_entry("session.use_env_allocators", "1")
         available = ort.get_available_providers()
         providers = ["CPUExecutionProvider"]
         if self.device in ("auto", "cuda") and "CUDAExecutionProvider" in available:
