@@ -208,3 +208,45 @@ def test_the_winner_is_measured_with_every_core_busy_and_that_is_cached(model) -
     (model[0].with_name("model.onnx.plans") / "plans.json").unlink()
     free = run(model, FakeRuntime())
     assert free.crowded is not None and free.crowded < 0.85 * choice.crowded
+
+
+def test_a_crowded_figure_of_another_core_count_is_not_reused(model) -> None:
+    run(model, SharedCoreRuntime())
+    m, stages = model
+    rt = FakeRuntime()
+    again = choose(m, "abc", stages, plan="auto", candidates=["int8", "fast"], build=rt.build,
+                   load=rt.load, decode=rt.decode, thread_counts=[1, 2], cores=4)  # fmt: skip
+    assert again.source == "cached" and again.crowded is None  # measured at 2 cores
+
+
+class CrowdedFailRuntime(FakeRuntime):
+    """Decodes fail only while another decode runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.running = 0
+        self.lock = threading.Lock()
+
+    def decode(self, session: Any, threads: int) -> np.ndarray:
+        import time
+
+        with self.lock:
+            self.running += 1
+        try:
+            time.sleep(0.01)
+            with self.lock:
+                if self.running > 1:
+                    raise RuntimeError("out of memory")
+            return super().decode(session, threads)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_a_failing_crowded_probe_is_reported_and_not_cached(model) -> None:
+    with structlog.testing.capture_logs() as logs:
+        choice = run(model, CrowdedFailRuntime())
+    assert choice.variant == "fast" and choice.crowded is None
+    assert any(e["event"] == "plan_crowded_unmeasured" for e in logs)

@@ -136,6 +136,9 @@ def test_kokoro_paces_shared_cores_at_the_crowded_speed_and_counts_capacity_by_i
     synth._speed.seed(1, 0.9, crowded=True)  # calibration: both cores busy, 0.9 each
     two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))
     assert two.frame_s * FRAMES_PER_S == pytest.approx(0.9)
+    # with more cores than utterances each has a core: the lone speed
+    wide_box = synth._pace(UnitGrant(cores=1, cpus=16, others=1))
+    assert wide_box.frame_s * FRAMES_PER_S == pytest.approx(0.5)
     assert synth._pace(UnitGrant(cores=2, cpus=2, others=0)) == alone  # alone: unchanged
     # windows decoded while another utterance was in progress update the crowded figure
     for _ in range(50):

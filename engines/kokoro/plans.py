@@ -94,6 +94,7 @@ class PlanChoice:
     rtf: dict[int, float] = field(default_factory=dict)
     candidates: list[Measured] = field(default_factory=list)
     crowded: float | None = None  # ``Measured.crowded`` of the chosen variant
+    crowded_cores: int = 1  # decodes at once when ``crowded`` was measured
 
 
 def cpu_fingerprint() -> str:
@@ -206,6 +207,7 @@ class PlanCache:
             "graphs": graphs,
             "rtf": {str(k): v for k, v in choice.rtf.items()},
             "crowded": choice.crowded,
+            "crowded_cores": choice.crowded_cores,
             "candidates": [asdict(m) for m in choice.candidates],
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -243,11 +245,15 @@ def _time_crowded(load: Callable[[str | bytes, int], Any], decode: Decode, sourc
         decode(session, 1)
     barrier = threading.Barrier(cores)
     took = [0.0] * cores
+    errors: list[BaseException] = []
 
     def run(i: int) -> None:
         barrier.wait()
         t0 = time.perf_counter()
-        decode(sessions[i], 1)
+        try:
+            decode(sessions[i], 1)
+        except BaseException as exc:  # re-raised below, in the calibrating thread
+            errors.append(exc)
         took[i] = time.perf_counter() - t0
 
     best = float("inf")
@@ -257,6 +263,8 @@ def _time_crowded(load: Callable[[str | bytes, int], Any], decode: Decode, sourc
             w.start()
         for w in workers:
             w.join()
+        if errors:
+            raise errors[0]
         best = min(best, sum(took) / cores)
     return best / audio_s
 
@@ -267,6 +275,7 @@ def calibrate(
     load: Callable[[str | bytes, int], Any],
     decode: Decode,
     thread_counts: Sequence[int],
+    cores: int | None = None,
 ) -> list[Measured]:
     """Measure each candidate at the fewest threads: build it (``graphs``), load a session
     (``load``), decode the probe (``decode``) and compare the audio with the shipped
@@ -299,7 +308,7 @@ def calibrate(
             best.rtf[n], _ = _time_decode(load, decode, graphs(best.variant), n)
         except Exception as exc:  # measured at one thread count only: still usable
             log.warning("plan_threads_unmeasured", plan=best.variant, threads=n, reason=repr(exc))
-    cores = max(thread_counts)
+    cores = max(thread_counts) if cores is None else cores  # never more decodes than cores
     if cores > 1:
         try:
             best.crowded = _time_crowded(load, decode, graphs(best.variant), cores)
@@ -328,6 +337,7 @@ def choose(
     load: Callable[[str | bytes, int], Any],
     decode: Decode,
     thread_counts: Sequence[int],
+    cores: int | None = None,
 ) -> PlanChoice:
     """The decoder graph to run: ``plan`` forced, else cached, else measured now."""
     cache = PlanCache(model_path)
@@ -351,15 +361,23 @@ def choose(
         name = str(data["choice"])
         rtf = {int(k): float(v) for k, v in data.get("rtf", {}).items()}
         crowded = data.get("crowded")
+        if data.get("crowded_cores") != (max(thread_counts) if cores is None else cores):
+            crowded = None  # measured with another number of cores: the live figure decides
         crowded = float(crowded) if isinstance(crowded, int | float) and crowded > 0 else None
         return PlanChoice(name, graph_of(name), "cached", rtf, crowded=crowded)
     log.info("plan_calibrating", candidates=list(candidates), threads=list(thread_counts))
     t0 = time.monotonic()
-    measured = calibrate(candidates, graph_of, load, decode, thread_counts)
+    measured = calibrate(candidates, graph_of, load, decode, thread_counts, cores)
     usable = [m for m in measured if not m.error]
     best = max(usable, key=lambda m: m.per_core())
     choice = PlanChoice(
-        best.variant, graph_of(best.variant), "measured", best.rtf, measured, best.crowded
+        best.variant,
+        graph_of(best.variant),
+        "measured",
+        best.rtf,
+        measured,
+        best.crowded,
+        max(thread_counts) if cores is None else cores,
     )
     cache.write(want, choice)
     log.info(
@@ -451,9 +469,11 @@ def choose_plan(
     plan: str,
     probe: ProbeInput,
     threads: Sequence[int],
+    cores: int | None = None,
     spinning: bool = False,
 ) -> PlanChoice:
-    """``choose`` with ONNX Runtime sessions and ``graph_variants``' transforms."""
+    """``choose`` with ONNX Runtime sessions and ``graph_variants``' transforms; ``cores``:
+    the cores this process may use (the crowded measurement runs one decode on each)."""
     from engines.kokoro.graph_variants import build_stage
 
     def decode(session: Any, _threads: int) -> npt.NDArray[np.float32]:
@@ -470,4 +490,5 @@ def choose_plan(
         load=lambda source, n: _session(source, n, spinning),
         decode=decode,
         thread_counts=sorted(set(threads)),
+        cores=cores,
     )

@@ -242,7 +242,7 @@ class _DecodeSpeed:
     def rtf(self, threads: int = 1, *, crowded: bool = False) -> float:
         """The estimate for ``threads`` (else the nearest measured count, scaled by it);
         crowded: never below the lone estimate, which stands in until measured."""
-        lone = self._rtf(threads, False)
+        lone = self._lone(threads)
         if not crowded:
             return lone
         with self._lock:
@@ -250,16 +250,22 @@ class _DecodeSpeed:
             value = est.value if est is not None and est.n else 0.0
         return max(value, lone)
 
-    def _rtf(self, threads: int, crowded: bool) -> float:
+    def _lone(self, threads: int) -> float:
         with self._lock:
-            est = self._by_key.get((threads, crowded))
+            est = self._by_key.get((threads, False))
             if est is not None and est.n:
                 return est.value
-            known = [(n, e.value) for (n, c), e in self._by_key.items() if e.n and c == crowded]
+            known = [(n, e.value) for (n, c), e in self._by_key.items() if e.n and not c]
         if not known:
             return self.prior
         n, value = min(known, key=lambda kv: abs(kv[0] - threads))
         return value * n / threads if threads > n else value
+
+
+def _crowded(grant: UnitGrant) -> bool:
+    """Every core has an utterance in progress: the crowded speed applies (the speed the
+    calibration measures with every core decoding)."""
+    return grant.cpus > 1 and grant.others + 1 >= grant.cpus
 
 
 class KokoroSynthesizer:
@@ -402,6 +408,7 @@ class KokoroSynthesizer:
                 plan=cfg.plan,
                 probe=self._probe_prosody(stages, voices),
                 threads=(cfg.threads, available_cpus()),
+                cores=available_cpus(),
                 spinning=cfg.spinning,
             )
         except Exception as exc:  # never worse than the shipped graph
@@ -627,6 +634,10 @@ class KokoroSynthesizer:
             t_inf = time.perf_counter()
             raw = backend.infer(unit.tokens, style, speed, cancel)
             compute = time.perf_counter() - t_inf
+            grant = unit_grant()  # the estimate (capacity, load bound) is measured here too
+            self._speed.update(
+                self._threads_for(grant), len(raw) / SAMPLE_RATE, compute, crowded=_crowded(grant)
+            )
             piece = self._unit_edges(raw, unit, units, head=True, tail=True)
             out = joiner.push(piece)
             if unit.index == len(units) - 1:
@@ -663,7 +674,7 @@ class KokoroSynthesizer:
             wide = self._threads_for(UnitGrant(grant.cpus))
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
             return Pace.from_rtf(fixed if fixed is not None else best)
-        rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=True)
+        rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
         rtf /= min(1.0, grant.share)
         # short windows only while utterances outnumber the cores (the scheduler must
         # interleave them); with a core each, long windows waste fewer context frames
@@ -721,7 +732,7 @@ class KokoroSynthesizer:
                     self._narrow_if_wide_is_slower()
                 grant = unit_grant()
                 threads = self._threads_for(grant)
-                crowded = grant.others > 0
+                crowded = _crowded(grant)
                 t_d = time.perf_counter()
                 audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
                 compute = time.perf_counter() - t_d
