@@ -20,8 +20,8 @@ from engines.kokoro.windows import (
     boundary_frames,
     window_piece,
 )
-from engines.runtime.playback import play_as_produced
-from engines.runtime.synth import CallState, CancelToken, FloatArray
+from engines.runtime.playback import PlaybackMeter, play_as_produced
+from engines.runtime.synth import SAMPLE_RATE, CallState, CancelToken, FloatArray
 
 EN_SENTENCE = "Hello, how can I help you today?"
 DE_SENTENCE = "Guten Tag, wie kann ich Ihnen heute helfen?"
@@ -107,6 +107,23 @@ def speak(
     st = state or CallState(call_id=1)
     token = cancel or CancelToken()
     return list(play_as_produced(st, lambda: synth.synthesize(text, st, token)))
+
+
+def speak_at(synth: KokoroSynthesizer, text: str, rtf: float, call_id: int = 1) -> list[FloatArray]:
+    """The utterance's chunks, for a listener that starts at the first chunk, on a virtual
+    clock that advances ``rtf`` x each chunk's duration as the chunk is produced: the
+    window plan is that of a machine decoding at ``rtf``, whatever this machine's speed
+    (with ``assume_rtf`` pinning the engine's own estimate, the result is deterministic)."""
+    state = CallState(call_id=call_id)
+    now = [0.0]
+    meter = PlaybackMeter(lambda: now[0])
+    state.playback = meter
+    out: list[FloatArray] = []
+    for chunk in synth.synthesize(text, state, CancelToken()):
+        now[0] += rtf * len(chunk) / SAMPLE_RATE
+        meter.sent(len(chunk), now[0])
+        out.append(chunk)
+    return out
 
 
 def rms(audio: FloatArray) -> float:

@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 import pytest
 from asr_helpers import asr_available, normalize_words, transcribe, wer
-from kokoro_helpers import shared_models_dir
+from kokoro_helpers import shared_models_dir, speak_at
 
 from engines.kokoro.models import DEFAULT_VOICE, KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
-from engines.runtime.playback import play_as_produced
-from engines.runtime.synth import CallState, CancelToken, FloatArray
+from engines.runtime.synth import FloatArray
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,6 +56,7 @@ SENTENCES = (
     "Is there anything else I can help you with today?",
 )
 MODES = ("kokoro-onnx", "streamed", "smallest", "whole")
+ASSUMED_RTF = 0.3  # decode compute s per audio s that the window plans assume
 
 
 def engine(models_dir: Path, **options: Any) -> Iterator[KokoroSynthesizer]:
@@ -78,14 +78,14 @@ def streamed(models_dir: Path) -> Iterator[KokoroSynthesizer]:
     # the engine's own window plan as on a CPU decoding at 0.3 s per audio second (a
     # typical server core), whatever this machine is: a short first window, then the
     # rest of the sentence in windows sized by the audio queued ahead
-    yield from engine(models_dir, split=True, assume_rtf=0.3)
+    yield from engine(models_dir, split=True, assume_rtf=ASSUMED_RTF)
 
 
 @pytest.fixture(scope="module")
 def smallest(models_dir: Path) -> Iterator[KokoroSynthesizer]:
     # every window the smallest (32 frames): the most joins a sentence can get (busy
     # engines keep windows short); deterministic
-    yield from engine(models_dir, split=True, assume_rtf=0.3, min_window=32, max_window=32)
+    yield from engine(models_dir, split=True, assume_rtf=ASSUMED_RTF, min_window=32, max_window=32)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def kokoro_onnx(models_dir: Path) -> Any:
 
 
 def speak(synth: KokoroSynthesizer, text: str, call_id: int) -> list[FloatArray]:
-    state = CallState(call_id=call_id)  # a listener playing each chunk as it is produced
-    return list(play_as_produced(state, lambda: synth.synthesize(text, state, CancelToken())))
+    # the listener's clock runs at the pinned speed too: the plan is the same on any machine
+    return speak_at(synth, text, ASSUMED_RTF, call_id)
 
 
 @dataclass(frozen=True)
