@@ -29,8 +29,8 @@ The limit is printed twice: from the engine's plan (its calibrated throughput on
 cores, ``capacity_audio_s_per_s`` in STATS right after docking) and from the
 saturation run; capacity is printed as a share of each. ``--slow [FACTOR]`` runs
 everything on an emulated CPU FACTOR (default 2) times slower (``slowdown.py``:
-CPU burners pinned to each core, or ``--slow-mode quota``, a cgroup-v1 quota on the
-engine).
+CPU burners pinned to each core, or ``--slow-mode quota``, a cgroup-v1 quota on this
+benchmark and the dock and engine it starts, as in a container with a CPU limit).
 
     python benchmarks/kokoro_capacity.py [--calls 1,2,3,4,6] [--seconds 20]
         [--threads 1] [--synth-workers N] [--models-dir DIR] [--plan NAME]
@@ -405,17 +405,15 @@ async def main_async(args: argparse.Namespace) -> int:
         "--models-dir", str(mdir),
         "--voice", VOICE,
         "--threads", str(args.threads),
-        "--synth-workers", str(args.synth_workers),
         "--max-concurrent", str(max(8, max(args.calls))),
     ]  # fmt: skip
+    if args.synth_workers is not None:
+        engine_args += ["--synth-workers", str(args.synth_workers)]
     if args.plan:
         engine_args += ["--plan", args.plan]
     with contextlib.ExitStack() as stack:
-        if args.slow_mode == "burn":
-            print(stack.enter_context(slowed("burn", args.slow)), flush=True)
+        print(stack.enter_context(slowed(args.slow_mode, args.slow)), flush=True)
         procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
-        if args.slow_mode == "quota":
-            print(stack.enter_context(slowed("quota", args.slow, [procs[1].pid])), flush=True)
         return await _measure(args, ports, oap, servers, procs, log_dir)
 
 
@@ -506,7 +504,8 @@ def report(
 ) -> None:
     print()
     print(
-        f"threads {args.threads}, synth-workers {args.synth_workers}, plan {plan}, "
+        f"threads {args.threads}, synth-workers {args.synth_workers or 'engine default'}, "
+        f"plan {plan}, "
         f"{args.seconds:.0f} s per N; prompt cache hits {hits:.0f}; "
         + (f"slowed x{args.slow:g} ({args.slow_mode})" if args.slow > 1 else "not slowed")
     )
@@ -580,8 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--synth-workers",
         type=int,
-        default=SYNTH_WORKERS,
-        help=f"engine --synth-workers (engine default here: {SYNTH_WORKERS}, one per core)",
+        default=None,
+        help=f"engine --synth-workers (default: the engine's own, one per core it may use; "
+        f"{SYNTH_WORKERS} here unslowed)",
     )
     p.add_argument("--models-dir", type=Path, default=None)
     add_machine_arguments(p)

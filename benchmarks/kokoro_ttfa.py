@@ -74,6 +74,7 @@ from engines.kokoro.models import (  # noqa: E402
     load_vocab,
 )
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer  # noqa: E402
+from engines.runtime.cpus import available_cpus  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
 from engines.runtime.synth import SAMPLE_RATE, CallState, CancelToken  # noqa: E402
 from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
@@ -193,7 +194,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
     synth = KokoroSynthesizer(
         KokoroConfig(
             models_dir=mdir,
-            threads=args.threads,
+            threads=args.threads or available_cpus(),
             prompt_cache_mb=0,
             split=not args.no_split,
             edge_cap=args.edge_cap,
@@ -205,7 +206,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
         for _ in synth.synthesize(text, CallState(call_id=1), CancelToken()):
             pass
     rss_ours = peak_rss_mb()
-    base = Baselines(model, args.threads, args.baseline_spinning)
+    base = Baselines(model, args.threads or available_cpus(), args.baseline_spinning)
     rows: list[list[Row]] = [[] for _ in SENTENCES]
     for _ in range(args.repeats):
         for i, (lang, text) in enumerate(SENTENCES):
@@ -266,11 +267,8 @@ async def dock_rows(
     if args.edge_cap:
         engine_args.append("--edge-cap")
     with contextlib.ExitStack() as stack:
-        if args.slow_mode == "burn":
-            print(stack.enter_context(slowed("burn", args.slow)), flush=True)
+        print(stack.enter_context(slowed(args.slow_mode, args.slow)), flush=True)
         procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
-        if args.slow_mode == "quota":
-            print(stack.enter_context(slowed("quota", args.slow, [procs[1].pid])), flush=True)
         try:
             return await _dock_measure(args, model, ports, procs, oap)
         finally:
@@ -298,7 +296,8 @@ async def _dock_measure(
     await asyncio.wait_for(oap.data_connected.wait(), 10)
     print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
     engine_pid = procs[1].pid
-    base = await asyncio.to_thread(Baselines, model, args.threads, args.baseline_spinning)
+    threads = args.threads or available_cpus()  # inside the --slow quota, if any
+    base = await asyncio.to_thread(Baselines, model, threads, args.baseline_spinning)
 
     async def engine_stats() -> dict[str, float]:
         return parse_stats(await ctl(ports["engine_cmd"], "STATS"))
@@ -440,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads",
         type=int,
-        default=len(os.sched_getaffinity(0)),
-        help="intra-op threads of the kokoro-onnx and raw baselines (default: every core)",
+        default=None,
+        help="intra-op threads of the kokoro-onnx and raw baselines (default: every core "
+        "this process may use, within a --slow-mode quota)",
     )
     p.add_argument(
         "--engine-threads", type=int, default=None, help="engine --threads (default: its own)"
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     mdir = args.models_dir or default_models_dir()
     model = assemble_default_model(mdir)
     print(
-        f"model {model}  threads {args.threads}  repeats {args.repeats}  "
+        f"model {model}  threads {args.threads or available_cpus()}  repeats {args.repeats}  "
         f"split {not args.no_split}  edge-cap {args.edge_cap}  "
         f"load average at start {os.getloadavg()[0]:.2f}"
     )

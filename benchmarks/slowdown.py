@@ -7,11 +7,12 @@ Two ways, both measured against the same box unslowed in the same session:
   inference threads included, then gets about ``1 / factor`` of it: a core about
   ``factor`` times slower, whatever the number of threads. It slows the dock and
   this benchmark process too, as a slower machine would.
-* ``quota``: a cgroup-v1 CPU quota on the given processes (root; the ``cpu``
-  controller mounted at ``/sys/fs/cgroup/cpu``): ``cores / factor`` CPUs in all,
-  enforced every 10 ms. It slows only those processes, but like a box with fewer
-  cores, not slower ones: a single thread still runs at full speed while the
-  quota allows.
+* ``quota``: a cgroup-v1 CPU quota (root; the ``cpu`` controller mounted at
+  ``/sys/fs/cgroup/cpu``): ``cores / factor`` CPUs in all, enforced every 10 ms,
+  on the benchmark process and so on the dock and engine it starts afterwards,
+  as in a container with a CPU limit. It is like a box with fewer cores, not
+  slower ones: a single thread still runs at full speed while the quota allows
+  (the engine reads the quota and sizes its workers and threads by it).
 
 Neither way changes the instruction set. ``--avx2`` (``reexec_avx2``) does: the
 benchmark re-runs itself, and so every process it starts, with ``cpuid_avx2.c``
@@ -30,7 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -46,8 +47,11 @@ def _burn(core: int) -> None:
 
 
 @contextlib.contextmanager
-def slowed(mode: str, factor: float, pids: Sequence[int] = ()) -> Iterator[str]:
-    """Slow the CPU ``factor`` times for the block; yields a one-line description."""
+def slowed(mode: str, factor: float) -> Iterator[str]:
+    """Slow the CPU ``factor`` times for the block; yields a one-line description.
+    Quota: this process moves into the limited cgroup, so the processes it starts
+    afterwards (dock, engine) start inside it, as in a container with a CPU limit,
+    and its own reference runs share the limit."""
     if factor <= 1:
         yield "not slowed"
         return
@@ -80,11 +84,10 @@ def slowed(mode: str, factor: float, pids: Sequence[int] = ()) -> Iterator[str]:
         quota = int(len(cores) * QUOTA_PERIOD_US / factor)
         (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
-        for pid in pids:
-            (group / "cgroup.procs").write_text(str(pid))
+        (group / "cgroup.procs").write_text(str(os.getpid()))
         yield (
             f"slowed x{factor:g}: cgroup-v1 quota {quota} us per {QUOTA_PERIOD_US} us "
-            f"({quota / QUOTA_PERIOD_US:.2f} CPUs) on pids {list(pids)}"
+            f"({quota / QUOTA_PERIOD_US:.2f} CPUs) on this benchmark and everything it starts"
         )
     finally:
         parent = CGROUP_CPU / "cgroup.procs"

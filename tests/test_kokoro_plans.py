@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import structlog
 
+from engines.kokoro import plans as plans_mod
 from engines.kokoro.graph_split import SplitGraphs
 from engines.kokoro.plans import (
     MAX_LOG_SPECTRAL_DISTANCE,
@@ -104,9 +105,12 @@ def test_calibration_picks_the_fastest_matching_variant_and_caches_it(model) -> 
 
 @pytest.mark.parametrize(
     "damage",
-    ["model_changed", "cpu_changed", "json_corrupt", "graph_corrupt", "graph_missing"],
-)
-def test_a_stale_or_corrupt_cache_is_measured_again(model, damage: str) -> None:
+    ["model_changed", "cpu_changed", "cpus_changed", "json_corrupt", "graph_corrupt",
+     "graph_missing"],
+)  # fmt: skip
+def test_a_stale_or_corrupt_cache_is_measured_again(
+    model, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run(model, FakeRuntime())
     cache = PlanCache(model[0])
     kw: dict[str, Any] = {}
@@ -116,6 +120,8 @@ def test_a_stale_or_corrupt_cache_is_measured_again(model, damage: str) -> None:
         data = json.loads(cache.index.read_text())
         data["fingerprint"]["cpu_sha256"] = "0" * 64
         cache.index.write_text(json.dumps(data))
+    elif damage == "cpus_changed":  # e.g. the engine now runs under a container's CPU limit
+        monkeypatch.setattr(plans_mod, "available_cpus", lambda: 97)
     elif damage == "json_corrupt":
         cache.index.write_text("{not json")
     elif damage == "graph_corrupt":

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from engines.runtime.cpus import available_cpus
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool
 from engines.runtime.schedule import START_SLACK_S, start_deadline
-from engines.runtime.synth import CancelToken, FloatArray, UnitGrant, available_cpus, unit_grant
+from engines.runtime.synth import CancelToken, FloatArray, UnitGrant, unit_grant
 
 
 def _job(gen: Iterator[FloatArray], done: threading.Event, pool: SynthesisPool) -> Job:

@@ -33,12 +33,12 @@ from engines.kokoro.graph_split import (
     DURATIONS_TENSOR as DURATIONS_TENSOR,
 )
 from engines.kokoro.models import ModelFileError
+from engines.runtime.cpus import available_cpus
 from engines.runtime.synth import (
     CancelToken,
     FloatArray,
     SynthesisCancelled,
     SynthesisError,
-    available_cpus,
     unit_grant,
 )
 

@@ -19,8 +19,9 @@ those runs is far slower than one alone, so neither more threads nor more
 workers add throughput; the capacity estimate and the window pacing under
 several calls use this figure, not the lone core's. The result is cached beside the model in
 ``<model>.plans/plans.json`` with the variant graphs it built, keyed by the model's
-sha256, the CPU (model name and flags), the onnxruntime version and
-``PLANS_VERSION``; a cache that does not match, cannot be parsed or whose graph
+sha256, the CPU (model name and flags), the number of cores the process may use
+(``cpus.available_cpus``: a container's CPU limit changes it), the onnxruntime
+version and ``PLANS_VERSION``; a cache that does not match, cannot be parsed or whose graph
 files changed is measured again, never trusted. ``--plan NAME`` skips the
 measurement and runs NAME (its speed is then what the warm-up measures).
 """
@@ -45,6 +46,7 @@ import structlog
 from engines.kokoro.graph_split import SplitGraphs
 from engines.kokoro.models import sha256_file as file_digest
 from engines.kokoro.windows import FRAMES_PER_S
+from engines.runtime.cpus import available_cpus
 
 log = structlog.get_logger(__name__)
 
@@ -126,6 +128,7 @@ def fingerprint(model_sha256: str) -> dict[str, str]:
         "cpu": cpu.split("|")[1] if cpu.count("|") >= 1 else cpu,
         "cpu_sha256": hashlib.sha256(cpu.encode()).hexdigest(),
         "onnxruntime": str(ort.__version__),
+        "cpus": str(available_cpus()),
     }
 
 

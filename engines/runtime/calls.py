@@ -55,6 +55,7 @@ from engines.runtime.calltable import (
     Utterance,
     UtteranceEnd,
 )
+from engines.runtime.cpus import available_cpus
 from engines.runtime.load import LoadSnapshot
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool
@@ -64,7 +65,6 @@ from engines.runtime.synth import (
     ExecutionPlan,
     SelfScheduled,
     Synthesizer,
-    available_cpus,
 )
 from engines.runtime.threaded import UtteranceThreads
 

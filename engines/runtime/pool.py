@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engines.runtime.audio import UtteranceFramer
+from engines.runtime.cpus import available_cpus
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.schedule import DeadlineQueue, StepEstimate
 from engines.runtime.synth import (
@@ -38,7 +39,6 @@ from engines.runtime.synth import (
     FloatArray,
     SynthesisCancelled,
     UnitGrant,
-    available_cpus,
     set_unit_grant,
 )
 from engines.runtime.threads import lower_thread_priority

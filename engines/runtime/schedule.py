@@ -17,16 +17,18 @@ and as fast at this size.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from engines.runtime.cpus import available_cpus
+
 T = TypeVar("T")
 
-#: Default size of the inference pool (``--synth-workers``): one worker per core (at most
+#: Default size of the inference pool (``--synth-workers``): one worker per core this
+#: process can use (``cpus.available_cpus``: affinity within a cgroup CPU quota; at most
 #: 8). Measured on 2 vCPUs with benchmarks/kokoro_capacity.py (README): two workers with
 #: one intra-op thread each serve 2 calls with no gaps and make the most audio per second.
-SYNTH_WORKERS = max(1, min(os.cpu_count() or 1, 8))
+SYNTH_WORKERS = max(1, min(available_cpus(), 8))
 #: A parked item becomes ready when its queued-ahead audio has dropped to this (s).
 MAX_AHEAD_S = 3.0
 #: EMA weight of the newest measurement in ``StepEstimate``.

@@ -6,7 +6,7 @@ Rule 2: every method of a ``Synthesizer`` is blocking and is called from a
 worker thread (never from the event loop), so inference may take as long as
 it takes while keepalive PONGs still leave on time.
 
-Vocabulary (STYLE.md): a *call* is one call id's lifetime, an *utterance* is
+Vocabulary: a *call* is one call id's lifetime, an *utterance* is
 the audio for one text packet, a *phrase* is a piece of an utterance that is
 synthesised at once, a *chunk* is what ``synthesize`` yields (float32 mono at
 ``sample_rate``; the runtime re-frames it into <= 4800-sample packets).
@@ -14,7 +14,6 @@ synthesised at once, a *chunk* is what ``synthesize`` yields (float32 mono at
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -144,14 +143,6 @@ def unit_grant() -> UnitGrant:
 def set_unit_grant(grant: UnitGrant | None) -> None:
     """Set (or clear) this thread's grant; called by the pool around each unit."""
     _grant.value = grant
-
-
-def available_cpus() -> int:
-    """Cores this process may run on (its CPU affinity; ``os.cpu_count`` elsewhere)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 @runtime_checkable
