@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis.extra import numpy as hnp
 from hypothesis import strategies as st
 
 from engines.kokoro.audio import CROSSFADE_SAMPLES, Joiner, equal_power, speech_bounds, trim
@@ -62,15 +63,37 @@ def test_joiner_handles_any_piece_lengths(lengths: list[int]) -> None:
 
 
 def test_audio_cache_lru_bounded_in_bytes() -> None:
-    c = AudioCache(max_bytes=3 * 4000)
+    c = AudioCache(max_bytes=3 * 2000)  # three entries of 1000 samples at 2 bytes each
     for k in "abc":
         c.put(k, np.zeros(1000, np.float32))
     assert c.get("a") is not None  # a is now most recent
     c.put("d", np.zeros(1000, np.float32))  # evicts b
     assert c.get("b") is None and c.get("c") is not None
-    assert c.nbytes <= 12000 and len(c) == 3
+    assert c.nbytes <= 6000 and len(c) == 3
     c.put("huge", np.zeros(10_000, np.float32))  # bigger than the bound: not stored
     assert c.get("huge") is None
     assert (c.hits, c.misses) == (2, 2)
     got = c.get("a")
     assert got is not None and not got.flags.writeable
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    audio=hnp.arrays(
+        np.float32,
+        st.integers(1, 400),
+        elements=st.floats(-4, 4, width=32, allow_subnormal=False),
+    ),
+    gain=st.sampled_from([1.0, 1e-3, 1e-6]),
+)
+def test_audio_cache_keeps_16_bits_relative_to_each_entrys_peak(
+    audio: np.ndarray, gain: float
+) -> None:
+    x = (audio * np.float32(gain)).astype(np.float32)
+    c = AudioCache(max_bytes=1 << 20)
+    c.put("k", x)
+    got = c.get("k")
+    assert got is not None and got.dtype == np.float32 and got.shape == x.shape
+    peak = float(np.max(np.abs(x)))
+    assert np.max(np.abs(got - x)) <= peak / 32767 * 0.51 + 1e-12
+    assert c.nbytes == 2 * len(x)

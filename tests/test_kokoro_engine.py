@@ -176,7 +176,9 @@ def test_prompt_cache_hit_skips_inference(kokoro_synth: KokoroSynthesizer) -> No
     b = np.concatenate(speak(kokoro_synth, text + "  ", CallState(call_id=5)))
     after = kokoro_synth.stats()
     assert len(backend.calls) == n_calls
-    np.testing.assert_array_equal(a, b)
+    # the cache keeps 16-bit codes scaled to the entry's peak
+    assert a.shape == b.shape
+    assert np.max(np.abs(a - b)) <= np.max(np.abs(a)) / 32767 * 0.51 + 1e-9
     assert after["prompt_cache_hits"] == before["prompt_cache_hits"] + 1
     assert after["prompt_cache_misses"] == before["prompt_cache_misses"] + 1
     # another speed is another entry

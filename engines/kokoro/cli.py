@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engines.kokoro.models import DEFAULT_VOICE
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.kokoro.synth import PROMPT_CACHE_MB, KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import CONTEXT_FRAMES, FIRST_FRAMES, MAX_FRAMES, MIN_FRAMES
 from engines.runtime.cli import text_options
 from engines.runtime.synth import SPEED_MAX, SPEED_MIN
@@ -131,8 +131,9 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prompt-cache-mb",
         type=float,
-        default=64.0,
-        help="LRU audio cache for repeated utterances; 0 disables it",
+        default=PROMPT_CACHE_MB,
+        help="LRU audio cache for repeated utterances, in MB (16-bit: 16 MB hold about "
+        "6 minutes of speech); 0 disables it",
     )
     g.add_argument(
         "--max-phrase-tokens",

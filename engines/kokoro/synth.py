@@ -105,6 +105,7 @@ from engines.kokoro.windows import (
     boundary_frames,
     window_piece,
 )
+from engines.runtime.cpus import available_cpus
 from engines.runtime.schedule import StepEstimate
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -117,7 +118,6 @@ from engines.runtime.synth import (
     SynthesisCancelled,
     SynthesisError,
     UnitGrant,
-    available_cpus,
     set_unit_grant,
     unit_grant,
 )
@@ -130,6 +130,10 @@ TAIL_KEEP_S = 0.04  # silence kept after a unit that the next one continues
 FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence pause
 #: Pause inserted between units by the break between them (word, clause, sentence).
 BREAK_PAUSE_S = (0.0, 0.03, 0.30)
+#: Default bound of the prompt cache: 16-bit audio, about 6 minutes of speech, which
+#: holds a deployment's repeated prompts; a soak with texts that never repeat fills it
+#: within minutes and it then stays at the bound.
+PROMPT_CACHE_MB = 16.0
 DECODE_RTF_PRIOR = 0.45  # decode compute s per decoded audio s before anything is measured
 WARM_UP_TEXTS = ("Hallo.", "Hello.")
 #: a unit granted several cores runs wide only while that measures this much faster
@@ -161,7 +165,7 @@ class KokoroConfig:
     device: str = "auto"
     backend: str = "onnx"
     spinning: bool = False
-    prompt_cache_mb: float = 64.0
+    prompt_cache_mb: float = PROMPT_CACHE_MB
     max_phrase_tokens: int = 400  # tokens per prosody pass (a sentence unit)
     prosody_carry: float = 0.5
     edge_cap: bool = False  # whole-utterance mode: cap the final mark's silence
