@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 from hypothesis import given, settings
-from hypothesis.extra import numpy as hnp
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from engines.kokoro.audio import CROSSFADE_SAMPLES, Joiner, equal_power, speech_bounds, trim
 from engines.kokoro.cache import AudioCache
