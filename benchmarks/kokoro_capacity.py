@@ -52,6 +52,7 @@ import itertools
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -552,16 +553,36 @@ def report(
 
 
 def print_rss(rss: list[tuple[float, float]]) -> None:
-    """The engine's RSS over the run, and its growth after minute 5 (soak runs)."""
+    """The engine's RSS over the run, and its growth after minute 5 (soak runs).
+
+    The RSS follows the runs in progress (the engine returns an inference's memory when
+    it ends), so one sample says little: growth is read on the median and the floor
+    (lowest sample) of each 5-minute block, from the block starting at minute 5 to the
+    last full one."""
     if not rss:
         return
     print("engine RSS (MB) by minute: " + ", ".join(
         f"{t / 60:.0f}:{mb:.0f}" for t, mb in rss if t % 60 < rss_step(rss)))  # fmt: skip
-    after5 = [mb for t, mb in rss if t >= 300]
-    if len(after5) >= 2:
+    blocks: dict[int, list[float]] = {}
+    for t, mb in rss:
+        if t >= 300:
+            blocks.setdefault(int(t // 300), []).append(mb)
+    end = rss[-1][0]
+    full = {b: v for b, v in blocks.items() if (b + 1) * 300 <= end + rss_step(rss)}
+    if len(full) >= 2:
+        first, last = full[min(full)], full[max(full)]
+        rows = ", ".join(
+            f"{b * 5}-{b * 5 + 5} min {statistics.median(v):.0f}/{min(v):.0f}"
+            for b, v in sorted(full.items())
+        )
+        med0, med1 = statistics.median(first), statistics.median(last)
+        lo0, lo1 = min(first), min(last)
+        print(f"RSS median/floor by 5-minute block: {rows}")
         print(
-            f"RSS growth after minute 5: {after5[0]:.0f} -> {after5[-1]:.0f} MB "
-            f"({(after5[-1] - after5[0]) / after5[0]:+.1%}), max {max(after5):.0f} MB"
+            f"RSS growth after minute 5 (median of the first block -> the last): "
+            f"{med0:.0f} -> {med1:.0f} MB ({(med1 - med0) / med0:+.1%}); floor "
+            f"{lo0:.0f} -> {lo1:.0f} MB ({(lo1 - lo0) / lo0:+.1%}); "
+            f"max {max(mb for t, mb in rss if t >= 300):.0f} MB"
         )
 
 

@@ -297,6 +297,7 @@ async def _dock_measure(
     print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
     engine_pid = procs[1].pid
     threads = args.threads or available_cpus()  # inside the --slow quota, if any
+    print(f"baselines (kokoro-onnx, raw onnxruntime): {threads} intra-op threads")
     base = await asyncio.to_thread(Baselines, model, threads, args.baseline_spinning)
 
     async def engine_stats() -> dict[str, float]:
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     mdir = args.models_dir or default_models_dir()
     model = assemble_default_model(mdir)
     print(
-        f"model {model}  threads {args.threads or available_cpus()}  repeats {args.repeats}  "
+        f"model {model}  threads {args.threads or 'every usable core'}  repeats {args.repeats}  "
         f"split {not args.no_split}  edge-cap {args.edge_cap}  "
         f"load average at start {os.getloadavg()[0]:.2f}"
     )
