@@ -132,8 +132,8 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
         type=_positive,
         default=env("TTSDOCK_SYNTH_WORKERS", _positive, SYNTH_WORKERS),
         help="inference threads; each advances the most urgent utterance by one unit of "
-        "work (engines that schedule themselves, like qwen3, ignore it); default: one per "
-        "core this process may use, within a cgroup CPU quota [env TTSDOCK_SYNTH_WORKERS]",
+        "work (engines that schedule themselves, like qwen3, ignore it); one per core this "
+        "process may use, within a cgroup CPU quota [env TTSDOCK_SYNTH_WORKERS]",
     )
     g.add_argument(
         "--call-idle-s",
