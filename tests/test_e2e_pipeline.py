@@ -177,8 +177,6 @@ async def test_kokoro_calls_bargein_and_call_end(
         assert rms(st.oap.audio(cid)) > 0.02
         # and they went on after the barge-in of call 2
         assert any(a.t_us > t_barge for a in st.oap.of(cid)), f"call {cid} stopped too"
-    # call 2 stopped far before its full length
-    assert heard[2] < 0.5 * min(heard[1], heard[3]), heard
     assert int(stats["bargeins"]) == 1, stats
     assert int(stats["utterances_cancelled"]) == 1 and int(stats["utterances_completed"]) == 2
     speech = await recv_until(st.oap.messages, lambda m: isinstance(m, SpeechActive))
@@ -216,6 +214,16 @@ async def test_kokoro_calls_bargein_and_call_end(
     assert await st.dock.stat("drop_call_ended") == 1
     assert st.oap.samples(7) > 2400
     check_audio_packets(st.oap.arrivals, t0)
+
+    # call 2 stopped before its full length: the barge-in left at call 2's first audio, and
+    # a sentence's first window leaves at least ``min_window`` frames (1.2 s) to the later
+    # windows, which it cancelled. How much the first window holds depends on the speed (a
+    # slow or crowded engine plans a later start), so the bound is call 2's own full
+    # length (an offline synthesis of the same text, last: it counts as an utterance).
+    full = await eng.cmd(f"TEST_SYNTH:{LONG[2]}", within=START_TIMEOUT)
+    assert full.startswith("SYNTH_RESULT:"), full
+    full_s = int(full.split(":")[2]) / 24000
+    assert heard[2] < full_s - 1.0, (heard, full_s)
 
     await end_engine(eng)
     await st.stop_dock()
