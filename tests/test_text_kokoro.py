@@ -91,7 +91,9 @@ def test_prompt_and_phoneme_caches_key_on_the_spoken_form(synth: KokoroSynthesiz
     b = np.concatenate(speak(synth, "It costs 5 dollars."))
     assert len(backend.calls) == n_calls  # no inference: the same spoken form
     assert synth.stats()["prompt_cache_hits"] == hits + 1
-    assert np.array_equal(a, b)
+    # the cached rendering, kept as 16-bit codes scaled to its peak
+    assert a.shape == b.shape
+    assert np.max(np.abs(a - b)) <= np.max(np.abs(a)) / 32767 * 0.51 + 1e-9
     assert synth.frontend.phonemes("It costs $5.") is synth.frontend.phonemes("It costs 5 dollars.")
 
 
