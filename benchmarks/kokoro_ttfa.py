@@ -197,6 +197,7 @@ def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[
             threads=args.threads or available_cpus(),
             prompt_cache_mb=0,
             split=not args.no_split,
+            voice_norms=not args.no_voice_norms,
             edge_cap=args.edge_cap,
         )
     )
@@ -266,6 +267,8 @@ async def dock_rows(
         engine_args.append("--no-split")
     if args.edge_cap:
         engine_args.append("--edge-cap")
+    if args.no_voice_norms:
+        engine_args.append("--no-voice-norms")
     with contextlib.ExitStack() as stack:
         print(stack.enter_context(slowed(args.slow_mode, args.slow)), flush=True)
         procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)
@@ -450,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     add_machine_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-split", action="store_true", help="whole-sentence inference (no windows)")
+    p.add_argument(
+        "--no-voice-norms",
+        action="store_true",
+        help="the engine's windows take their own instance-norm statistics (as before)",
+    )
     p.add_argument(
         "--edge-cap", action="store_true", help="whole-utterance mode: cap the final mark"
     )

@@ -1,25 +1,26 @@
 """What a caller hears: our Kokoro speech is as intelligible as upstream kokoro-onnx.
 
 An offline recogniser (Whisper tiny.en, tests/asr_helpers.py) transcribes each of
-12 telephony sentences three times, all synthesised in the same run from the same
+12 telephony sentences four ways, all synthesised in the same run from the same
 model file, voice (``jf_alpha``), style row and phonemes:
 
 - **kokoro-onnx**: upstream ``Kokoro.create()`` on the whole sentence (our phonemes,
   ``is_phonemes=True``; its own silence trimming), the reference;
 - **streamed**: our engine's default pipeline (whole-sentence prosody, audio decoded
-  in windows), with the decode speed estimate pinned to "far slower than real time":
-  every later window is then the smallest (``min_window``), the most joins a
-  sentence gets, what a slow or busy machine gets. Left to the measured speed the
-  windows, and with them the result, would depend on the machine;
+  in windows that take the voice's instance-norm statistics), its window plan paced as
+  a core decoding at 0.3 s per audio second (deterministic: left to the measured speed
+  the windows, and with them the result, would depend on the machine);
+- **smallest**: the same with every window 32 frames, the most joins;
 - **whole**: our whole-utterance mode (``--no-split``, as shipped: the model's own edge
   silence, trimmed).
 
 All of ours run the shipped int8 decoder (``plan="int8"``), the graph kokoro-onnx runs:
 the plan a machine calibrates depends on its speed, and a float decoder's audio, within
-the model's precision, moved the count by two words. Each of ours may come back at most
-one word error worse than kokoro-onnx over the set. The sentences start with short words
-on purpose ("Hello, how", "Please hold", "Yes, I"): the whole-utterance mode used to cut
-them (README "Edge silence").
+the model's precision, moved the count by two words. The whole-utterance mode may come
+back at most one word error worse than kokoro-onnx over the set, the windowed modes at
+most three (the goal, one, is an expected failure: measured 3-4 against 2). The
+sentences start with short words on purpose ("Hello, how", "Please hold", "Yes, I"):
+the whole-utterance mode used to cut them (README "Edge silence").
 """
 
 from __future__ import annotations
@@ -181,25 +182,19 @@ def test_whole_utterance_mode_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> N
 
 
 def test_streamed_speech_loses_at_most_a_few_words_more_than_kokoro_onnx(heard: Heard) -> None:
-    # a guard against regressions; the goal (at most one more) is the expected failure below
-    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + 6, heard.table
+    # a guard against regressions: with the voice's instance-norm statistics the windows
+    # were heard with 1-2 errors more than kokoro-onnx (each window's own: 6); the goal (at
+    # most one more) is the expected failure below
+    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + 3, heard.table
+    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + 3, heard.table
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="streamed, the engine's window plan, int8 decoder: 8 word errors vs kokoro-onnx 2 "
-    "of 105 ('Sure, your order' heard as 'So you would': the short first window's own "
-    "instance-norm statistics; 'spell' as 'spare', 'can' as 'could')",
+    strict=False,  # at the boundary: 3-4 of 105 in runs of the same code
+    reason="windows with the voice's pooled instance-norm statistics, int8 decoder: streamed "
+    "3-4 and 32-frame windows 3-4 word errors vs kokoro-onnx 2 of 105 ('call' heard as "
+    "'core', 'spell' as 'spare': the voice's statistics are not each sentence's own)",
 )
 def test_streamed_speech_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
     assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + 1, heard.table
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="every window 32 frames (the most joins): 8 word errors vs kokoro-onnx 2 of 105 "
-    "('your order' heard as 'you would', 'spell' as 'scale', 'call' as 'cord'); joins this "
-    "close together still cost words",
-)
-def test_the_smallest_windows_are_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
     assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + 1, heard.table

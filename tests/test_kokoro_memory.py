@@ -35,6 +35,7 @@ def status_mb(field):
 
 synth = KokoroSynthesizer(KokoroConfig(models_dir=Path(sys.argv[1]), prompt_cache_mb=0))
 synth.load()
+assert synth.wait_for_voice_norms()  # no measurement beside the one measured here
 backend = synth._backend
 assert isinstance(backend, OnnxBackend) and synth.split
 text = ("Your package will arrive on Thursday between nine and noon, and the driver "

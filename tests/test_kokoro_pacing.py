@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -151,3 +152,13 @@ def test_when_the_start_must_be_late_the_sentence_then_plays_through() -> None:
                      max_frames=MAX, ahead_s=0.3)  # fmt: skip
     assert fc.gaps == 1 and fc.inside == 0 and end < 160
     assert fc.gap_s < whole.gap_s
+
+
+def test_frames_never_decoded_cost_nothing_and_start_the_sentence_sooner() -> None:
+    pace = Pace.from_rtf(0.5)
+    whole = simulate(200, 30, pace=pace, context=3, min_frames=24, max_frames=MAX, lead_skip=14)
+    skipped = simulate(
+        200, 30, pace=pace, context=3, min_frames=24, max_frames=MAX, lead_skip=14, decode_from=8
+    )
+    assert whole.decoded_frames - skipped.decoded_frames == 8 - 3  # less the left context
+    assert skipped.start_s == pytest.approx(whole.start_s - pace.decode_s(5))

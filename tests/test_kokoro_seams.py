@@ -72,14 +72,15 @@ class RecordingBackend(OnnxBackend):
         self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
     ) -> Prosody:
         p = super().prosody(tokens, style, speed, cancel)
-        self._units[id(p)] = len(self._units)
+        # keyed by its arrays: the engine hands the windows a copy with the voice's norms
+        self._units[id(p.features)] = len(self._units)
         return p
 
     def decode(
         self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
     ) -> FloatArray:
         audio = super().decode(prosody, start, end, style, cancel)
-        unit = self._units.get(id(prosody), -1)
+        unit = self._units.get(id(prosody.features), -1)
         self.decodes.append(Decode(unit, start, end, prosody.n_frames, audio.copy()))
         return audio
 
@@ -101,6 +102,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KokoroSynthesiz
     )
     synth.load()
     assert synth.split
+    assert synth.wait_for_voice_norms(), "no measurement runs beside the test's decodes"
     yield synth
     synth.close()
 

@@ -131,3 +131,13 @@ def test_bad_planner_arguments() -> None:
         WindowPlanner(10, np.ones(10), [], first_frames=(5, 2))
     with pytest.raises(ValueError):
         WindowPlanner(10, np.ones(10), [], min_frames=50, max_frames=20)
+
+
+def test_the_silent_start_of_the_leading_pad_can_be_left_undecoded() -> None:
+    p = WindowPlanner(200, np.ones(200), [30, 60], lead_frames=14, context=3, skip=8)
+    ws = all_windows(p)
+    assert (ws[0].start, ws[0].ctx_start) == (8, 5), "decoded from the skip, less its context"
+    assert ws[-1].end == 200 and all(a.end == b.start for a, b in itertools.pairwise(ws))
+    for bad in (-1, 15):
+        with pytest.raises(ValueError):
+            WindowPlanner(200, np.ones(200), [], lead_frames=14, skip=bad)

@@ -44,6 +44,13 @@ from engines.kokoro.graph_split import (
     DURATIONS_TENSOR as DURATIONS_TENSOR,
 )
 from engines.kokoro.models import ModelFileError
+from engines.kokoro.norms import (
+    MEAN_OUTPUT,
+    VAR_OUTPUT,
+    NormStats,
+    add_norm_inputs,
+    own_feeds,
+)
 from engines.runtime.cpus import available_cpus
 from engines.runtime.synth import (
     CancelToken,
@@ -151,6 +158,9 @@ class Prosody:
     energy: npt.NDArray[np.float32]
     phase: npt.NDArray[np.float32]
     durations: npt.NDArray[np.int64]
+    #: the voice's statistics for the decoder's instance norms (``norms``); None: each
+    #: decoded window takes its own
+    norms: NormStats | None = None
 
     @property
     def n_frames(self) -> int:
@@ -245,6 +255,8 @@ class OnnxBackend:
         )
         #: stage ("whole", "prosody", "decoder") -> intra-op threads -> session
         self.sessions: dict[str, dict[int, Any]] = {}
+        #: instance norms of the decoder that take given statistics (``norms``); 0: none
+        self.norm_count = 0
         self.providers: list[str] = []
         self._tokens_name = "tokens"
         self._speed_dtype: np.dtype[Any] = np.dtype(np.float32)
@@ -328,7 +340,9 @@ class OnnxBackend:
         try:
             if graphs is not None:
                 self._load_stage("prosody", graphs.prosody)
-                self._load_stage("decoder", graphs.decoder)
+                decoder, self.norm_count = _with_norm_inputs(graphs.decoder)
+                self._load_stage("decoder", decoder)
+                del decoder
                 self.split = True
             elif converted is not None:  # no duration tensor to cap in our own export
                 self._load_stage("whole", str(self.model_path))
@@ -372,6 +386,7 @@ class OnnxBackend:
             threads=list(self.thread_counts),
             edge_cap=self.capped,
             split=self.split,
+            voice_norms=self.norm_count,
         )
 
     def set_marks(self, marks: frozenset[int]) -> None:
@@ -405,7 +420,13 @@ class OnnxBackend:
             feeds[DUR_CAP_INPUT] = self.duration_cap(tokens)
         return feeds
 
-    def _run(self, session: Any, feeds: dict[str, Any], cancel: CancelToken) -> list[Any]:
+    def _run(
+        self,
+        session: Any,
+        feeds: dict[str, Any],
+        cancel: CancelToken,
+        outputs: list[str] | None = None,
+    ) -> list[Any]:
         import onnxruntime as ort
 
         if session is None:
@@ -417,7 +438,7 @@ class OnnxBackend:
             cancel.raise_if_cancelled()
             forget = cancel.on_cancel(lambda: _terminate(run_options))
             try:
-                outputs: list[Any] = session.run(None, feeds, run_options)
+                result: list[Any] = session.run(outputs, feeds, run_options)
             except Exception as exc:
                 if cancel.cancelled:
                     raise SynthesisCancelled() from None
@@ -425,7 +446,7 @@ class OnnxBackend:
             finally:
                 forget()
         cancel.raise_if_cancelled()
-        return outputs
+        return result
 
     def infer(
         self, tokens: Sequence[int], style: FloatArray, speed: float, cancel: CancelToken
@@ -456,22 +477,62 @@ class OnnxBackend:
     def decode(
         self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
     ) -> FloatArray:
-        """Audio of frames ``[start, end)`` of ``prosody`` (600 samples per frame)."""
+        """Audio of frames ``[start, end)`` of ``prosody`` (600 samples per frame); the
+        instance norms take ``prosody.norms`` when given, else the window's own."""
+        feeds = self._decoder_feeds(prosody, start, end, style)
+        if self.norm_count and prosody.norms is not None:
+            feeds.update(prosody.norms.feeds())
+        elif self.norm_count:
+            feeds.update(own_feeds(self.norm_count))
+        outputs = self._run(self.session("decoder"), feeds, cancel, ["audio"])
+        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def _decoder_feeds(
+        self, prosody: Prosody, start: int, end: int, style: FloatArray
+    ) -> dict[str, Any]:
         if not 0 <= start < end <= prosody.n_frames:
             raise SynthesisError(f"window [{start}, {end}) outside 0..{prosody.n_frames}")
         a, b = 2 * start, 2 * end
-        feeds = {
+        return {
             "features": np.ascontiguousarray(prosody.features[:, :, a:b]),
             "f0": np.ascontiguousarray(prosody.f0[:, a:b]),
             "phase": np.ascontiguousarray(prosody.phase[:, a:b, :]),
             "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
         }
-        outputs = self._run(self.session("decoder"), feeds, cancel)
-        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def sentence_norms(
+        self, prosody: Prosody, style: FloatArray, cancel: CancelToken
+    ) -> tuple[int, list[Any], list[Any]]:
+        """The instance-norm statistics of the whole sentence of ``prosody`` (its frames,
+        each norm's mean and variance): one decode of all frames with their own."""
+        if not self.norm_count:
+            raise SynthesisError("this decoder's instance norms take no statistics")
+        feeds = self._decoder_feeds(prosody, 0, prosody.n_frames, style)
+        feeds.update(own_feeds(self.norm_count))
+        names = [MEAN_OUTPUT.format(k) for k in range(self.norm_count)]
+        names += [VAR_OUTPUT.format(k) for k in range(self.norm_count)]
+        out = self._run(self.session("decoder"), feeds, cancel, names)
+        k = self.norm_count
+        return prosody.n_frames, list(out[:k]), list(out[k:])
 
     def close(self) -> None:
         self.sessions.clear()
         self.split = False
+
+
+def _with_norm_inputs(source: str | bytes) -> tuple[str | bytes, int]:
+    """The decoder ``source`` with instance norms that take a voice's statistics
+    (``norms.add_norm_inputs``, Rule 2 there) and how many it has; ``source`` itself
+    and 0 when the graph has none or cannot be rewritten (windows keep their own)."""
+    import onnx
+
+    try:
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(source)
+        count = add_norm_inputs(model)
+        return (model.SerializeToString(), count) if count else (source, 0)
+    except Exception as exc:  # never worse than the decoder as given
+        log.warning("voice_norms_unavailable", reason=repr(exc))
+        return source, 0
 
 
 def fix_mmap_threshold() -> bool:

@@ -15,7 +15,15 @@ from typing import TypeVar
 
 from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.synth import PROMPT_CACHE_MB, KokoroConfig, KokoroSynthesizer
-from engines.kokoro.windows import CONTEXT_FRAMES, FIRST_FRAMES, MAX_FRAMES, MIN_FRAMES
+from engines.kokoro.windows import (
+    CONTEXT_FRAMES,
+    FIRST_FRAMES,
+    FIXED_CONTEXT_FRAMES,
+    FIXED_FIRST_FRAMES,
+    FIXED_MIN_FRAMES,
+    MAX_FRAMES,
+    MIN_FRAMES,
+)
 from engines.runtime.cli import text_options
 from engines.runtime.synth import SPEED_MAX, SPEED_MIN
 from svc.cli import env_default, float_in, int_in, one_of
@@ -158,25 +166,35 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         "with audio decoded in windows (first audio then waits for the whole sentence)",
     )
     g.add_argument(
+        "--no-voice-norms",
+        action="store_true",
+        help="decode every window with its own instance-norm statistics instead of the "
+        "voice's, measured once per voice and cached beside the model (windows then need "
+        "more context, and short ones change words: README 'Kokoro pipeline')",
+    )
+    g.add_argument(
         "--window-context",
         type=int,
-        default=CONTEXT_FRAMES,
+        default=None,
         help=f"frames (25 ms) decoded on each side of a window and discarded, >= 1 "
-        f"(default: {CONTEXT_FRAMES})",
+        f"(default: {FIXED_CONTEXT_FRAMES} with the voice's instance-norm statistics, "
+        f"{CONTEXT_FRAMES} without)",
     )
     g.add_argument(
         "--first-window",
         type=_frame_range,
-        default=f"{FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}",  # argparse applies the type
+        default=None,
         metavar="LO-HI",
         help="the first window ends at a word boundary this many frames after the leading "
-        f"pad (default: {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]}, about 0.3-0.55 s)",
+        f"pad (default: {FIXED_FIRST_FRAMES[0]}-{FIXED_FIRST_FRAMES[1]} with the voice's "
+        f"statistics, {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]} without)",
     )
     g.add_argument(
         "--min-window",
         type=int,
-        default=MIN_FRAMES,
-        help=f"smallest later window in frames (default: {MIN_FRAMES})",
+        default=None,
+        help=f"smallest later window in frames (default: {FIXED_MIN_FRAMES} with the "
+        f"voice's statistics, {MIN_FRAMES} without)",
     )
     g.add_argument(
         "--max-window",
@@ -234,6 +252,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         first_window=args.first_window,
         min_window=args.min_window,
         max_window=args.max_window,
+        voice_norms=not args.no_voice_norms,
         assume_rtf=args.assume_rtf,
         plan=args.plan,
         name=getattr(args, "name", "kokoro"),  # a parser without the engine's --name

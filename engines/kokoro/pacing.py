@@ -90,16 +90,19 @@ def simulate(
     max_frames: int,
     lead_skip: int = 0,
     ahead_s: float | None = None,
+    decode_from: int = 0,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
     ``first_end``: where the first window ends; ``lead_skip``: frames at the start that
-    are decoded but not played (the trimmed leading pad); ``ahead_s``: audio already
-    queued ahead of the listener when the first window starts decoding (None: the
-    listener waits for this sentence, so its start is not a gap).
+    are not played (the trimmed leading pad); ``decode_from``: where the first window
+    starts (frames before it are never decoded); ``ahead_s``: audio already queued
+    ahead of the listener when the first window starts decoding (None: the listener
+    waits for this sentence, so its start is not a gap).
     """
     first_end = max(1, min(first_end, n_frames))
-    decoded = min(n_frames, first_end + context)
+    first_decoded = min(n_frames, first_end + context) - max(0, decode_from - context)
+    decoded = first_decoded
     t = pace.decode_s(decoded)
     gaps, gap_s = 0, 0.0
     if ahead_s is None:
@@ -129,7 +132,7 @@ def simulate(
         pos = end
         windows += 1
     return Forecast(
-        start_s=pace.decode_s(min(n_frames, first_end + context)),
+        start_s=pace.decode_s(first_decoded),
         gaps=gaps,
         gap_s=gap_s,
         inside=gaps - start_gaps,
@@ -149,6 +152,7 @@ def plan_first_end(
     lead_skip: int = 0,
     ahead_s: float | None = None,
     longest: int | None = None,
+    decode_from: int = 0,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
@@ -169,6 +173,7 @@ def plan_first_end(
             max_frames=max_frames,
             lead_skip=lead_skip,
             ahead_s=ahead_s,
+            decode_from=decode_from,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)

@@ -90,18 +90,20 @@ from engines.kokoro.models import (
     resolve_model_files,
     sha256_file,
 )
+from engines.kokoro.norms import NormStats
 from engines.kokoro.pacing import Pace, next_window_frames, plan_first_end
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
 from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
+from engines.kokoro.voice_norms import VoiceNorms
 from engines.kokoro.windows import (
-    CONTEXT_FRAMES,
     CROSSFADE_SAMPLES,
-    FIRST_FRAMES,
+    FIXED_STATS_SHAPE,
     FRAME_SAMPLES,
     FRAMES_PER_S,
     MAX_FRAMES,
-    MIN_FRAMES,
+    OWN_STATS_SHAPE,
     WindowPlanner,
+    WindowShape,
     boundary_frames,
     window_piece,
 )
@@ -170,9 +172,14 @@ class KokoroConfig:
     prosody_carry: float = 0.5
     edge_cap: bool = False  # whole-utterance mode: cap the final mark's silence
     split: bool = True
-    window_context: int = CONTEXT_FRAMES
-    first_window: tuple[int, int] = FIRST_FRAMES
-    min_window: int = MIN_FRAMES
+    #: windows: None = by the decoder's instance norms (``windows.FIXED_STATS_SHAPE``
+    #: with the voice's statistics, else ``OWN_STATS_SHAPE``); a value overrides both
+    window_context: int | None = None
+    first_window: tuple[int, int] | None = None
+    min_window: int | None = None
+    #: give every window the voice's instance-norm statistics (``norms``); False: each
+    #: window takes its own, as before
+    voice_norms: bool = True
     max_window: int = MAX_FRAMES
     #: pace windows as if decoding took this many compute s per audio s (None: measure);
     #: makes window plans independent of the machine (tests, reproducible runs)
@@ -196,23 +203,36 @@ class KokoroConfig:
         """Raise ``ValueError`` for settings that cannot work together."""
         if not 1 <= self.max_phrase_tokens <= MAX_CONTEXT_TOKENS:
             raise ValueError(f"max_phrase_tokens must be 1..{MAX_CONTEXT_TOKENS}")
-        if self.window_context * FRAME_SAMPLES < CROSSFADE_SAMPLES // 2:
-            raise ValueError(
-                f"window context must be >= {CROSSFADE_SAMPLES // 2 // FRAME_SAMPLES + 1} frames"
-            )
-        lo, hi = self.first_window
-        if not 1 <= lo <= hi:
-            raise ValueError(f"first window range {lo}..{hi} frames is empty")
+        for shape in (OWN_STATS_SHAPE, FIXED_STATS_SHAPE):
+            resolved = self.window_shape(shape)
+            context, smallest = resolved.context, resolved.min_frames
+            lo, hi = resolved.first
+            if context * FRAME_SAMPLES < CROSSFADE_SAMPLES // 2:
+                raise ValueError(
+                    f"window context must be >= {CROSSFADE_SAMPLES // 2 // FRAME_SAMPLES + 1} "
+                    "frames"
+                )
+            if not 1 <= lo <= hi:
+                raise ValueError(f"first window range {lo}..{hi} frames is empty")
+            if not 1 <= smallest <= self.max_window:
+                raise ValueError(
+                    f"need 1 <= min window ({smallest}) <= max window ({self.max_window})"
+                )
         if self.plan != "auto" and self.plan not in plan_names():
             raise ValueError(
                 f"unknown plan {self.plan!r}: auto or one of {', '.join(plan_names())}"
             )
         if self.assume_rtf is not None and not 0 < self.assume_rtf < 100:
             raise ValueError(f"assumed decode speed {self.assume_rtf} outside (0, 100)")
-        if not 1 <= self.min_window <= self.max_window:
-            raise ValueError(
-                f"need 1 <= min window ({self.min_window}) <= max window ({self.max_window})"
-            )
+
+    def window_shape(self, default: WindowShape) -> WindowShape:
+        """``default`` with the window options that are set."""
+        return replace(
+            default,
+            context=default.context if self.window_context is None else self.window_context,
+            first=default.first if self.first_window is None else self.first_window,
+            min_frames=default.min_frames if self.min_window is None else self.min_window,
+        )
 
 
 class _DecodeSpeed:
@@ -295,6 +315,7 @@ class KokoroSynthesizer:
         self._speed = _DecodeSpeed()
         self._boundary_ids: frozenset[int] = frozenset()
         self._plan: PlanChoice | None = None
+        self._norms: VoiceNorms | None = None
         self._wide_units = 0  # units granted more than one core (``WIDE_RETRY``)
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
@@ -378,6 +399,7 @@ class KokoroSynthesizer:
                 reason="the backend runs whole utterances (graph not split or --no-split)",
             )
         self._voices = voices
+        self._load_voice_norms(files.model, files.expected_sha256)
         st = files.model.stat()
         self._model_key = f"{files.model.resolve()}:{st.st_size}:{int(st.st_mtime)}"
         log.info(
@@ -387,6 +409,43 @@ class KokoroSynthesizer:
             default_voice=self._default_voice,
             g2p=self._frontend.g2p_name,
         )
+
+    def _load_voice_norms(self, model: Path, sha256: str | None) -> None:
+        """Instance-norm statistics per voice (``voice_norms``), the default voice's now."""
+        backend = self._backend
+        if not (self.config.voice_norms and self.split and isinstance(backend, OnnxBackend)):
+            return
+        if backend.norm_count == 0:
+            return
+        variant = self._plan.variant if self._plan is not None else "stages"
+        self._norms = VoiceNorms(
+            backend,
+            self._calibration_tokens,
+            model.parent / f"{model.name}.norms",
+            f"{sha256 or sha256_file(model)}:{variant}",
+        )
+        cpus = available_cpus()
+        set_unit_grant(UnitGrant(cpus, cpus, 0))  # before docking: every core is free
+        try:
+            self._norms.get(self._default_voice, self._voices[self._default_voice])
+        finally:
+            set_unit_grant(None)
+        self._norms.measure_in_background(self._voices)
+
+    def _calibration_tokens(self, text: str) -> list[int]:
+        phon = self.frontend.phonemes(self.frontend.speak(text))
+        return [t for unit in sentence_units(phon.words, self.frontend.vocab.space, 510)
+                for t in unit.tokens]  # fmt: skip
+
+    def wait_for_voice_norms(self, timeout: float = 120.0) -> bool:
+        """Wait until every voice's statistics are measured or read (tests, benchmarks);
+        False when still measuring after ``timeout`` seconds."""
+        return self._norms.wait(timeout) if self._norms is not None else True
+
+    def voice_norms(self, name: str) -> NormStats | None:
+        """The statistics the windows of voice ``name`` take now (None: their own, also
+        while the voice is still measured: ``voice_norms`` Rule 3)."""
+        return self._norms.ready(name) if self._norms is not None else None
 
     def _planned_stages(
         self, model: Path, sha256: str | None, voices: dict[str, VoicePack]
@@ -483,6 +542,8 @@ class KokoroSynthesizer:
         if wide > 1:
             out[f"decode_rtf_estimate_{wide}t"] = self._speed.rtf(wide)
         out["split"] = 1.0 if self.split else 0.0
+        # voices whose windows take the voice's instance-norm statistics (``voice_norms``)
+        out["voice_norms_ready"] = float(self._norms.count() if self._norms is not None else 0)
         if self._frontend is not None:
             out.update(self._frontend.stats())
         return out
@@ -492,6 +553,8 @@ class KokoroSynthesizer:
         return f":G2P:{g2p}:PLAN:{self.plan().name}"
 
     def close(self) -> None:
+        if self._norms is not None:
+            self._norms.close()
         if self._backend is not None:
             self._backend.close()
         self._cache.clear()
@@ -589,7 +652,7 @@ class KokoroSynthesizer:
             return
         units = sentence_units(phon.words, self.frontend.vocab.space, cfg.max_phrase_tokens)
         pieces = (
-            self._windows(units, style, speed, state, cancel)
+            self._windows(units, style, speed, state, cancel, self.voice_norms(name))
             if self.split
             else self._whole_units(units, style, speed, cancel)
         )
@@ -692,11 +755,11 @@ class KokoroSynthesizer:
         clock = state.playback
         return 0.0 if clock is None else float(clock.ahead_s())
 
-    def _budget_frames(self, state: CallState) -> int:
+    def _budget_frames(self, state: CallState, context: int) -> int:
         """Frames the next window may have so that it is ready before playback runs dry
         (``pacing.next_window_frames`` at this unit's grant)."""
         ahead = self._ahead_s(state)
-        return next_window_frames(ahead, self._pace(unit_grant()), self.config.window_context)
+        return next_window_frames(ahead, self._pace(unit_grant()), context)
 
     def _windows(
         self,
@@ -705,16 +768,21 @@ class KokoroSynthesizer:
         speed: float,
         state: CallState,
         cancel: CancelToken,
+        norms: NormStats | None = None,
     ) -> Iterator[FloatArray]:
-        """Whole-sentence prosody per unit, audio decoded in windows (module docstring)."""
+        """Whole-sentence prosody per unit, audio decoded in windows (module docstring);
+        with the voice's ``norms`` every window takes them, and needs less context."""
         backend = cast(SplitBackend, self._backend)
         cfg = self.config
+        shape = cfg.window_shape(OWN_STATS_SHAPE if norms is None else FIXED_STATS_SHAPE)
         emitted = 0
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
             self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
+            if norms is not None:
+                prosody = replace(prosody, norms=norms)
             prosody_s = time.perf_counter() - t_p
             self._count(units=1, prosody_ms=prosody_s * 1000)
             planner = WindowPlanner(
@@ -722,13 +790,15 @@ class KokoroSynthesizer:
                 prosody.frame_energy(),
                 boundary_frames(prosody.durations, unit.tokens, self._boundary_ids),
                 lead_frames=int(prosody.durations[0]),
-                first_frames=cfg.first_window,
-                min_frames=cfg.min_window,
+                first_frames=shape.first,
+                min_frames=shape.min_frames,
                 max_frames=cfg.max_window,
-                context=cfg.window_context,
+                context=shape.context,
+                search=shape.search,
+                skip=shape.skip(int(prosody.durations[0])),
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
-            first_at = self._plan_start(planner, prosody, state, emitted)
+            first_at = self._plan_start(planner, prosody, state, emitted, shape)
             budget: int | None = None
             while (w := planner.next(budget, first_at=first_at)) is not None:
                 cancel.raise_if_cancelled()
@@ -743,8 +813,12 @@ class KokoroSynthesizer:
                 self._speed.update(
                     threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
                 )
-                piece = window_piece(audio, w, CROSSFADE_SAMPLES)
-                piece = self._unit_edges(piece, unit, units, head=w.index == 0, tail=w.last)
+                raw = window_piece(audio, w, CROSSFADE_SAMPLES)
+                piece = self._unit_edges(raw, unit, units, head=w.index == 0, tail=w.last)
+                if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
+                    # a last window in the trailing silence: the join keeps its crossfade
+                    # and the fade-out comes after it, not on it
+                    piece = raw[: 2 * CROSSFADE_SAMPLES]
                 out = joiner.push(piece)
                 if w.last:
                     out = np.concatenate([out, joiner.finish()])
@@ -769,7 +843,7 @@ class KokoroSynthesizer:
                 cancel.raise_if_cancelled()
                 emitted += len(out)
                 yield out
-                budget = self._budget_frames(state)
+                budget = self._budget_frames(state, shape.context)
 
     def _plan_start(
         self,
@@ -777,6 +851,7 @@ class KokoroSynthesizer:
         prosody: Prosody,
         state: CallState,
         emitted: int,
+        shape: WindowShape,
     ) -> int | None:
         """Where the sentence's first window ends (``pacing.plan_first_end``): the default
         short window when the measured speed keeps up, later on a slow CPU; the predicted
@@ -793,12 +868,13 @@ class KokoroSynthesizer:
             prosody.n_frames,
             planner.first_candidates(),
             pace=pace,
-            context=cfg.window_context,
-            min_frames=cfg.min_window,
+            context=shape.context,
+            min_frames=shape.min_frames,
             max_frames=cfg.max_window,
             lead_skip=max(0, lead - int(LEAD_KEEP_S * FRAMES_PER_S)),
             ahead_s=ahead,
             longest=longest,
+            decode_from=planner.pos,
         )
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
