@@ -355,7 +355,7 @@ def test_windows_with_the_voices_statistics_decode_like_the_whole_sentence(
     stats = synth.voice_norms(DEFAULT_VOICE)
     assert stats is not None
     # a short first word after the leading pad: the case a short first window lost
-    tokens = synth._calibration_tokens("Sure, your order has been shipped, it arrives today.")
+    tokens = synth._tokens_of("Sure, your order has been shipped, it arrives today.")
     style = synth._voices[DEFAULT_VOICE][len(tokens) - 1]
     own = backend.prosody(tokens, style, 1.0, CancelToken())
     voiced = replace(own, norms=stats)

@@ -13,11 +13,15 @@ into sentence units only where it exceeds a unit's token budget
 frame-rate decoder and the harmonic source's phase) is computed whole, once
 (``backend.prosody``), so intonation and timing are those of the whole
 sentence; its audio is then decoded in windows of aligned frames
-(``windows``): a short first window (about 0.3-0.55 s of speech) so that the first
-audio leaves early, then windows sized by the audio queued ahead of playback
-divided by the measured decode speed. Windows are cut at the quietest word
-boundary in range, decoded with context frames on both sides and joined with
-a 20 ms equal-gain crossfade. The first ``next()`` runs the prosody pass and
+(``windows``): a short first window so that the first audio leaves early, then
+windows sized by the audio queued ahead of playback divided by the measured decode
+speed. Every window's instance norms take the voice's statistics (``voice_norms``,
+measured once per voice), so a window decodes as the whole sentence does and needs
+only 3 frames of context (``windows.FIXED_STATS_SHAPE``); without them (a voice not
+measured yet, ``voice_norms=False``) each window takes its own and the wider
+``OWN_STATS_SHAPE`` applies. Windows are cut at a word boundary near the wanted
+frame, decoded with context frames on both sides and joined with a 20 ms equal-gain
+crossfade. The first ``next()`` runs the prosody pass and
 the first window; every later ``next()`` decodes one window. The cancel token
 is checked between windows and, through ``RunOptions.terminate``, inside each
 run. A graph that cannot be split (another export) or ``split=False`` runs each
@@ -420,7 +424,7 @@ class KokoroSynthesizer:
         variant = self._plan.variant if self._plan is not None else "stages"
         self._norms = VoiceNorms(
             backend,
-            self._calibration_tokens,
+            self._tokens_of,
             model.parent / f"{model.name}.norms",
             f"{sha256 or sha256_file(model)}:{variant}",
         )
@@ -432,7 +436,8 @@ class KokoroSynthesizer:
             set_unit_grant(None)
         self._norms.measure_in_background(self._voices)
 
-    def _calibration_tokens(self, text: str) -> list[int]:
+    def _tokens_of(self, text: str) -> list[int]:
+        """The model's tokens for ``text`` as one sentence (calibration and probes)."""
         phon = self.frontend.phonemes(self.frontend.speak(text))
         return [t for unit in sentence_units(phon.words, self.frontend.vocab.space, 510)
                 for t in unit.tokens]  # fmt: skip
@@ -483,9 +488,7 @@ class KokoroSynthesizer:
 
     def _probe_prosody(self, stages: SplitGraphs, voices: dict[str, VoicePack]) -> ProbeInput:
         """The prosody of a fixed probe sentence (the shipped prosody stage, one thread)."""
-        phon = self.frontend.phonemes(self.frontend.speak(PROBE_TEXT))
-        tokens = [t for unit in sentence_units(phon.words, self.frontend.vocab.space, 510)
-                  for t in unit.tokens]  # fmt: skip
+        tokens = self._tokens_of(PROBE_TEXT)
         voice = pick_voice(voices, self._default_voice)
         style = voice[min(len(tokens), len(voice)) - 1].astype(np.float32)
         return ProbeInput.from_stage(stages.prosody, tokens, style)

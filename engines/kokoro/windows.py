@@ -16,6 +16,12 @@ generator's window-local instance-norm statistics from changing a word in the
 middle (measured: cuts at the quietest frame anywhere split "doctor" at its
 closure and the recogniser heard "dog do"; at word boundaries it did not).
 
+With the voice's instance-norm statistics (``norms``, the engine's default) the two
+renderings agree but for the decoder's own noise, and ``FIXED_STATS_SHAPE`` below
+applies: little context, a short first window, cuts that need no pause, and the
+leading pad's silent start left undecoded; the figures in this docstring are
+``OWN_STATS_SHAPE``'s.
+
 The first window is short (``first_frames``: about 0.3-0.55 s of speech after
 the leading pad) so the first audio leaves early; later windows follow the
 budget, never below ``min_frames`` (a window costs ``2 * context`` extra
