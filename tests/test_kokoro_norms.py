@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kokoro_helpers import shared_models_dir
+from kokoro_helpers import rms, shared_models_dir, speak
 from onnx import TensorProto, helper, numpy_helper
 
 from engines.kokoro.backend import OnnxBackend, Prosody
@@ -41,7 +41,7 @@ from engines.kokoro.norms import (
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.voice_norms import CALIBRATION_TEXTS, VoiceNorms
 from engines.kokoro.windows import CONTEXT_FRAMES, FIXED_CONTEXT_FRAMES, FRAME_SAMPLES
-from engines.runtime.synth import CancelToken
+from engines.runtime.synth import CallState, CancelToken
 
 EPS = 1e-5
 C = 4
@@ -294,6 +294,9 @@ def test_a_voice_is_measured_once_then_read_from_the_cache(tmp_path: Path) -> No
     norms = voice_norms(again, tmp_path)
     assert norms.get("v", voice) is not None and again.measured == 0, "cached"
     assert norms.get("other", voice * 2) is not None and again.measured == len(CALIBRATION_TEXTS)
+    other_texts = FakeNormBackend()
+    changed = VoiceNorms(other_texts, lambda t: [1, 2], tmp_path, "model:int8", texts=("Hi.",))
+    assert changed.get("v", voice) is not None and other_texts.measured == 1, "other texts"
 
 
 def test_a_voice_that_cannot_be_measured_keeps_its_own_statistics(tmp_path: Path) -> None:
@@ -371,3 +374,22 @@ def test_windows_with_the_voices_statistics_decode_like_the_whole_sentence(
     # measured: 0.7-0.8 dB (the decoder's own noise source differs per run) against 5-6 dB
     assert with_voice < 1.5, (with_voice, with_own)
     assert with_own > 2 * with_voice, (with_voice, with_own)
+
+
+def test_a_short_sentence_keeps_its_own_statistics_and_its_level(
+    synth: KokoroSynthesizer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # the voice's statistics, pooled over ordinary sentences, rendered "Hello" at 2 % of
+    # its RMS: a sentence this short takes its own (it is one window anyway)
+    whole = KokoroSynthesizer(
+        KokoroConfig(models_dir=shared_models_dir(tmp_path_factory), prompt_cache_mb=0, split=False)
+    )
+    whole.load()
+    try:
+        for text in ("Hello", "Yes.", "Thank you."):
+            ours = np.concatenate(speak(synth, text, CallState(call_id=5)))
+            ref = np.concatenate(speak(whole, text, CallState(call_id=5)))
+            assert 0.9 <= len(ours) / len(ref) <= 1.1, text
+            assert 0.8 <= rms(ours) / rms(ref) <= 1.25, text
+    finally:
+        whole.close()

@@ -150,6 +150,12 @@ PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday a
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
 WINDOW_OVERHEAD = 1.25
 MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silence (edge-capped)
+#: A sentence shorter than this (2 s) takes its own instance-norm statistics: the voice's,
+#: pooled over ordinary sentences, rendered a short one far too quietly (measured, whole
+#: decode, voice's / own RMS: "Yes." and "Hello" 0.02 with jf_alpha and 0.44-0.57 with
+#: jm_kumo; "Thank you." 0.18; sentences of 85-110 frames 0.66-0.95; longer 0.94-1.19),
+#: and so short a sentence is one window anyway (``OWN_STATS_SHAPE``), its own rendering.
+VOICE_NORMS_MIN_FRAMES = 80
 PROSODY_STYLE = "kokoro_style"
 PROSODY_VOICE = "kokoro_voice"
 
@@ -777,15 +783,16 @@ class KokoroSynthesizer:
         with the voice's ``norms`` every window takes them, and needs less context."""
         backend = cast(SplitBackend, self._backend)
         cfg = self.config
-        shape = cfg.window_shape(OWN_STATS_SHAPE if norms is None else FIXED_STATS_SHAPE)
         emitted = 0
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
             self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
-            if norms is not None:
+            shape = cfg.window_shape(OWN_STATS_SHAPE)
+            if norms is not None and prosody.n_frames >= VOICE_NORMS_MIN_FRAMES:
                 prosody = replace(prosody, norms=norms)
+                shape = cfg.window_shape(FIXED_STATS_SHAPE)
             prosody_s = time.perf_counter() - t_p
             self._count(units=1, prosody_ms=prosody_s * 1000)
             planner = WindowPlanner(

@@ -5,7 +5,7 @@ Rule 1: ``VoiceNorms.get`` never raises: a voice whose statistics cannot be meas
 statistics as before (with the wider context that needs; ``norms`` says why).
 Rule 2: statistics are measured from ``CALIBRATION_TEXTS`` in the voice's own style
 rows (one whole decode each: 4-5 s per voice on 2 vCPUs, once), cached in the models
-directory by the decoder, the voice's rows and ``NORMS_VERSION``; a cache file that is
+directory by the decoder, the voice's rows, the texts and ``NORMS_VERSION``; a cache file that is
 unreadable or wrong is measured again, never trusted.
 Rule 3: nobody waits for a measurement but the engine's start: the default voice is
 measured at load, before the engine docks; the other voices one after another in a
@@ -139,7 +139,7 @@ class VoiceNorms:
 
     def _load_or_measure(self, name: str, voice: Any) -> NormStats | None:
         count = self.backend.norm_count
-        key = voice_key(self.model_key, voice)
+        key = voice_key("\n".join((self.model_key, *self.texts)), voice)  # texts too
         cached = self.cache.get(key, count)
         if cached is not None:
             return cached
