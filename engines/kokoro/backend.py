@@ -484,7 +484,11 @@ class OnnxBackend:
             feeds.update(prosody.norms.feeds())
         elif self.norm_count:
             feeds.update(own_feeds(self.norm_count))
-        outputs = self._run(self.session("decoder"), feeds, cancel, ["audio"])
+        session = self.session("decoder")
+        if session is None:
+            raise SynthesisError("model not loaded")
+        audio_name = session.get_outputs()[0].name  # the stage's own output (any export)
+        outputs = self._run(session, feeds, cancel, [audio_name])
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def _decoder_feeds(
