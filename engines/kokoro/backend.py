@@ -257,6 +257,7 @@ class OnnxBackend:
         self.sessions: dict[str, dict[int, Any]] = {}
         #: instance norms of the decoder that take given statistics (``norms``); 0: none
         self.norm_count = 0
+        self._audio_output = "audio"
         self.providers: list[str] = []
         self._tokens_name = "tokens"
         self._speed_dtype: np.dtype[Any] = np.dtype(np.float32)
@@ -343,6 +344,8 @@ class OnnxBackend:
                 decoder, self.norm_count = _with_norm_inputs(graphs.decoder)
                 self._load_stage("decoder", decoder)
                 del decoder
+                # the stage's own audio output (any export), read once, not per window
+                self._audio_output = self.session("decoder", self.threads).get_outputs()[0].name
                 self.split = True
             elif converted is not None:  # no duration tensor to cap in our own export
                 self._load_stage("whole", str(self.model_path))
@@ -484,11 +487,7 @@ class OnnxBackend:
             feeds.update(prosody.norms.feeds())
         elif self.norm_count:
             feeds.update(own_feeds(self.norm_count))
-        session = self.session("decoder")
-        if session is None:
-            raise SynthesisError("model not loaded")
-        audio_name = session.get_outputs()[0].name  # the stage's own output (any export)
-        outputs = self._run(session, feeds, cancel, [audio_name])
+        outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def _decoder_feeds(
