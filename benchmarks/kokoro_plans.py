@@ -69,6 +69,7 @@ from engines.kokoro.models import (  # noqa: E402
     load_default_voices,
     load_vocab,
 )
+from engines.kokoro.plans import stage_outputs  # noqa: E402
 
 F32 = npt.NDArray[np.float32]
 SAMPLES_PER_FRAME = 600
@@ -242,9 +243,10 @@ def main() -> None:
                 "speed": np.array([1.0], np.float32),
             }
         )
-    ref_prosody = make_session(stages["prosody"]["int8"], PLANS["int8"], 2)
-    names = [o.name for o in ref_prosody.get_outputs()]
-    pros = [dict(zip(names, ref_prosody.run(None, f), strict=True)) for f in feeds_p]
+    pros = [  # the shipped prosody and frame stages, the whole sentence
+        stage_outputs(graphs.prosody, graphs.frame, tokens_of(fe, text), f["style"], threads=2)
+        for text, f in zip(SENTENCES, feeds_p, strict=True)
+    ]
 
     def dec_feeds(i: int, a: int, b: int) -> dict[str, Any]:
         pr = pros[i]
@@ -291,6 +293,7 @@ def main() -> None:
             s = make_session(stages["prosody"][v], Plan(v), 2)
             diffs = []
             for i, f in enumerate(feeds_p):
+                names = [o.name for o in s.get_outputs()]
                 d = dict(zip(names, s.run(None, f), strict=True))["durations"]
                 diffs.append(int(np.abs(d - pros[i]["durations"]).sum()))
             results["numerics"][f"prosody_{v}|durations_frames_differing"] = diffs

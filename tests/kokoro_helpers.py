@@ -65,10 +65,16 @@ class SpyBackend(OnnxBackend):
         return super().prosody(tokens, style, speed, cancel)
 
     def decode(
-        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray:
         self.windows.append((start, end))
-        return super().decode(prosody, start, end, style, cancel)
+        return super().decode(prosody, start, end, style, cancel, ahead)
 
     def clear(self) -> None:
         self.calls.clear()

@@ -25,6 +25,7 @@ from engines.kokoro.graph_variants import (
     session_options,
 )
 from engines.kokoro.models import KOKORO_INT8_NAME, load_default_voices, load_vocab
+from engines.kokoro.plans import stage_outputs
 
 F32 = npt.NDArray[np.float32]
 INT_OPS = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeLSTM"}
@@ -244,15 +245,7 @@ def real_window(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[s
             toks.append(16)
         toks.extend(w.tokens)
     style = np.asarray(load_default_voices()["jf_alpha"][len(toks) - 1], np.float32).reshape(1, -1)
-    src = graphs.prosody
-    prosody = ort.InferenceSession(src, session_options(2), providers=["CPUExecutionProvider"])
-    names = [o.name for o in prosody.get_outputs()]
-    feeds = {
-        "tokens": np.array([[0, *toks, 0]], np.int64),
-        "style": style,
-        "speed": np.array([1.0], np.float32),
-    }
-    pr = dict(zip(names, prosody.run(None, feeds), strict=True))
+    pr = stage_outputs(graphs.prosody, graphs.frame, toks, style, threads=2)
     a, b = 2 * 30, 2 * (30 + WINDOW_FRAMES)  # a window mid-sentence
     window = {
         "features": np.ascontiguousarray(pr["features"][:, :, a:b]),

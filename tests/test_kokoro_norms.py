@@ -8,6 +8,7 @@ given statistics with weight 0, and must report the window's own statistics.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from kokoro_helpers import rms, shared_models_dir, speak
 from onnx import TensorProto, helper, numpy_helper
 
-from engines.kokoro.backend import OnnxBackend, Prosody
+from engines.kokoro.backend import FeatureSpan, OnnxBackend, Prosody
 from engines.kokoro.convert.validate import spectral_distance
 from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.norms import (
@@ -354,7 +355,9 @@ def test_windows_with_the_voices_statistics_decode_like_the_whole_sentence(
     synth: KokoroSynthesizer,
 ) -> None:
     backend = synth._backend
-    assert isinstance(backend, OnnxBackend) and backend.norm_count == 44
+    # the frame stage's 10 norms and the generator's 44
+    assert isinstance(backend, OnnxBackend) and backend.norm_count == 54
+    assert backend.frame_norms == 10
     stats = synth.voice_norms(DEFAULT_VOICE)
     assert stats is not None
     # a short first word after the leading pad: the case a short first window lost
@@ -365,7 +368,8 @@ def test_windows_with_the_voices_statistics_decode_like_the_whole_sentence(
     n = own.n_frames
     with_voice = spectral_distance(
         backend.decode(voiced, 0, n, style, CancelToken()),
-        windowed(backend, voiced, style, FIXED_CONTEXT_FRAMES),
+        # each window runs the frame stage on its own frames (no features kept between)
+        windowed(backend, replace(voiced, span=FeatureSpan()), style, FIXED_CONTEXT_FRAMES),
     )
     with_own = spectral_distance(
         backend.decode(own, 0, n, style, CancelToken()),
@@ -393,3 +397,49 @@ def test_a_short_sentence_keeps_its_own_statistics_and_its_level(
             assert 0.8 <= rms(ours) / rms(ref) <= 1.25, text
     finally:
         whole.close()
+
+
+def test_later_windows_share_one_frame_stage_run_and_decode_alike(
+    synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = synth._backend
+    assert isinstance(backend, OnnxBackend)
+    stats = synth.voice_norms(DEFAULT_VOICE)
+    assert stats is not None
+    tokens = synth._tokens_of(
+        "Your package will arrive on Thursday between nine and noon, and the driver will "
+        "call you when he is close."
+    )
+    style = synth._voices[DEFAULT_VOICE][len(tokens) - 1]
+    prosody = replace(backend.prosody(tokens, style, 1.0, CancelToken()), norms=stats)
+    assert prosody.features is None  # the frame stage runs in the windows
+    runs: list[tuple[int, int]] = []
+    frame = backend._frame
+
+    def counted(p: Prosody, start: int, end: int, *args: Any, **kw: Any) -> list[Any]:
+        if p.asr is prosody.asr:  # not another voice's measurement in the background
+            runs.append((start, end))
+        return frame(p, start, end, *args, **kw)
+
+    monkeypatch.setattr(backend, "_frame", counted)
+    n = prosody.n_frames
+    cuts = [*range(0, n, 16), n]
+
+    def decode_all(ahead: int) -> np.ndarray:
+        p = replace(prosody, span=FeatureSpan())
+        parts = []
+        for a, b in itertools.pairwise(cuts):
+            lo, hi = max(0, a - 2), min(n, b + 2)
+            audio = backend.decode(p, lo, hi, style, CancelToken(), ahead)
+            parts.append(audio[(a - lo) * FRAME_SAMPLES : (b - lo) * FRAME_SAMPLES])
+        return np.concatenate(parts)
+
+    each = decode_all(0)
+    each_runs = len(runs)
+    runs.clear()
+    shared = decode_all(64)
+    # one run per window (but a last window within the margin of the one before)
+    assert each_runs >= len(cuts) - 2
+    assert len(runs) <= -(-n // 64) + 1  # one per 64 frames
+    # the same features but for the int8 activation scale of each run (graph_split)
+    assert spectral_distance(each, shared) < 0.5

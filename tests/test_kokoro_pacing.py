@@ -162,3 +162,20 @@ def test_frames_never_decoded_cost_nothing_and_start_the_sentence_sooner() -> No
     )
     assert whole.decoded_frames - skipped.decoded_frames == 8 - 3  # less the left context
     assert skipped.start_s == pytest.approx(whole.start_s - pace.decode_s(5))
+
+
+def test_a_ramp_lets_a_shorter_first_window_play_through() -> None:
+    # decoding at 0.3 s per audio s: with later windows of at least 24 frames the first
+    # must hold enough audio to cover a 24-frame decode; with a 12-frame ramp it need not
+    pace = Pace.from_rtf(0.3)
+    cands = list(range(20, 200))
+    kw = {"pace": pace, "context": 2, "min_frames": 24, "max_frames": MAX, "lead_skip": 14}
+    plain, fc_plain = plan_first_end(200, cands, **kw)  # type: ignore[arg-type]
+    ramped, fc_ramped = plan_first_end(200, cands, ramp=12, **kw)  # type: ignore[arg-type]
+    assert fc_plain.gaps == fc_ramped.gaps == 0
+    assert ramped < plain
+    assert fc_ramped.start_s < fc_plain.start_s
+    # the planner's windows and the simulation's agree on the ramp
+    safe = {**kw, "pace": Pace(pace.frame_s * SAFETY)}  # the planner's margin
+    sim = simulate(200, ramped, ramp=12, **safe)  # type: ignore[arg-type]
+    assert sim.gaps == 0 and sim.windows == fc_ramped.windows

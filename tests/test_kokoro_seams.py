@@ -73,14 +73,20 @@ class RecordingBackend(OnnxBackend):
     ) -> Prosody:
         p = super().prosody(tokens, style, speed, cancel)
         # keyed by its arrays: the engine hands the windows a copy with the voice's norms
-        self._units[id(p.features)] = len(self._units)
+        self._units[id(p.f0)] = len(self._units)
         return p
 
     def decode(
-        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray:
-        audio = super().decode(prosody, start, end, style, cancel)
-        unit = self._units.get(id(prosody.features), -1)
+        audio = super().decode(prosody, start, end, style, cancel, ahead)
+        unit = self._units.get(id(prosody.f0), -1)
         self.decodes.append(Decode(unit, start, end, prosody.n_frames, audio.copy()))
         return audio
 

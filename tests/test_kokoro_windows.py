@@ -84,12 +84,13 @@ def test_no_tiny_last_window() -> None:
     budgets=st.lists(st.one_of(st.none(), st.integers(-50, 400)), min_size=1, max_size=60),
     bounds=st.lists(st.integers(0, 1600), max_size=80),
     context=st.integers(0, 20),
+    ramp=st.one_of(st.none(), st.integers(1, 60)),
 )
 def test_windows_tile_the_sentence_in_order_within_limits(
-    n: int, lead: int, budgets: list[int | None], bounds: list[int], context: int
+    n: int, lead: int, budgets: list[int | None], bounds: list[int], context: int, ramp: int | None
 ) -> None:
     energy = np.random.default_rng(n).random(n)
-    p = WindowPlanner(n, energy, bounds, lead_frames=lead, context=context)
+    p = WindowPlanner(n, energy, bounds, lead_frames=lead, context=context, ramp=ramp)
     windows: list[Window] = []
     i = 0
     while (w := p.next(budgets[i % len(budgets)])) is not None:
@@ -103,7 +104,10 @@ def test_windows_tile_the_sentence_in_order_within_limits(
     for w in windows:
         assert w.ctx_start == max(0, w.start - context) and w.ctx_end == min(n, w.end + context)
         if 0 < w.index and not w.last:
-            assert p.min_frames <= w.frames <= p.max_frames
+            assert p.ramp <= w.frames <= p.max_frames
+            assert p.ramp == (p.min_frames if ramp is None else min(ramp, p.min_frames))
+        if w.last and w.index > 1:  # never a tiny last window, even while ramping
+            assert w.frames >= p.min_frames or w.frames == n - windows[-2].end
 
 
 def test_pieces_overlap_by_the_fade_around_each_cut() -> None:
@@ -141,3 +145,30 @@ def test_the_silent_start_of_the_leading_pad_can_be_left_undecoded() -> None:
     for bad in (-1, 15):
         with pytest.raises(ValueError):
             WindowPlanner(200, np.ones(200), [], lead_frames=14, skip=bad)
+
+
+def test_while_the_budget_is_small_windows_ramp_below_the_smallest_but_the_last_does_not() -> None:
+    n = 300
+    p = WindowPlanner(n, np.ones(n), [], min_frames=24, max_frames=400, search=0, ramp=12)
+    p.next()
+    small = p.next(budget=1)
+    assert small is not None and small.frames == 12  # the ramp, not min_frames
+    p.next(budget=p.remaining - 30)
+    rest = p.next(budget=1)  # a 12-frame window would leave 18 (< 24): all 30 instead
+    assert rest is not None and rest.last and rest.frames == 30
+
+
+def test_first_window_candidates_every_frame_when_cuts_need_no_boundary() -> None:
+    n = 200
+    bounds = [40, 90]
+    lead = 10
+    at_words = WindowPlanner(n, np.ones(n), bounds, lead_frames=lead, first_frames=(4, 8))
+    assert at_words.first_candidates() == [14, 40, 90]
+    anywhere = WindowPlanner(
+        n, np.ones(n), bounds, lead_frames=lead, first_frames=(4, 8), cut_anywhere=True
+    )
+    ends = anywhere.first_candidates()
+    assert ends[:8] == list(range(14, 22))  # every frame near the start
+    assert ends == sorted(set(ends)) and ends[-1] < n
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    assert max(gaps) <= 4 and gaps == sorted(gaps)  # sparser with distance, never sparse

@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,6 +36,7 @@ import structlog
 from engines.kokoro.converted import Manifest, read_manifest
 from engines.kokoro.graph_split import (
     DUR_CAP_INPUT,
+    FRAME_MARGIN,
     SplitGraphs,
     patch_duration_cap_model,
     split_sources,
@@ -144,27 +145,51 @@ def capped_model_source(model_path: Path) -> str | bytes | None:
     return str(target)
 
 
+@dataclass
+class FeatureSpan:
+    """The frame stage's ``features`` of frames ``[start, end)`` of one sentence, taken
+    with ``norms``; exact but within ``FRAME_MARGIN`` of a cut end (``decode``)."""
+
+    start: int = 0
+    end: int = 0
+    features: npt.NDArray[np.float32] | None = None
+    norms: NormStats | None = None
+
+    def covers(self, start: int, end: int, n_frames: int, norms: NormStats) -> bool:
+        """Whether frames ``[start, end)`` are exact here."""
+        lo = self.start + FRAME_MARGIN if self.start > 0 else 0
+        hi = self.end - FRAME_MARGIN if self.end < n_frames else n_frames
+        return self.features is not None and self.norms is norms and lo <= start and end <= hi
+
+
 @dataclass(frozen=True)
 class Prosody:
     """The prosody stage's result for one sentence (``graph_split`` documents each array).
 
-    ``features``, ``f0`` and ``phase`` are indexed in half-frames (``2 * F``);
-    ``energy`` is the predicted energy per half-frame, ``durations`` the frames
-    per token position ``[pad, *tokens, pad]``.
+    ``features``, ``f0`` and ``phase`` are indexed in half-frames (``2 * F``), ``asr``
+    in frames; ``energy`` is the predicted energy per half-frame, ``durations`` the
+    frames per token position ``[pad, *tokens, pad]``. ``features`` is None until the
+    frame stage has run over the whole sentence (``OnnxBackend.with_features``): with
+    the voice's statistics each window runs it on its own frames instead.
     """
 
-    features: npt.NDArray[np.float32]
+    features: npt.NDArray[np.float32] | None
     f0: npt.NDArray[np.float32]
     energy: npt.NDArray[np.float32]
     phase: npt.NDArray[np.float32]
     durations: npt.NDArray[np.int64]
-    #: the voice's statistics for the decoder's instance norms (``norms``); None: each
-    #: decoded window takes its own
+    #: the voice's statistics for the instance norms of the frame and decoder stages
+    #: (``norms``); None: each decoded window takes its own
     norms: NormStats | None = None
+    #: the frame stage's input (``graph_split``); None when the prosody stage gives
+    #: ``features`` itself (a converted checkpoint)
+    asr: npt.NDArray[np.float32] | None = None
+    #: features the windows computed last, for the next windows (``decode``)
+    span: FeatureSpan = field(default_factory=lambda: FeatureSpan(), compare=False, repr=False)
 
     @property
     def n_frames(self) -> int:
-        return int(self.features.shape[2]) // 2
+        return int(self.f0.shape[1]) // 2
 
     def frame_energy(self) -> npt.NDArray[np.float32]:
         """Energy per frame (mean of its two half-frames)."""
@@ -184,8 +209,18 @@ class SplitBackend(Protocol):
     ) -> Prosody: ...
 
     def decode(
-        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray: ...
+
+    def with_features(
+        self, prosody: Prosody, style: FloatArray, cancel: CancelToken
+    ) -> Prosody: ...
 
 
 @runtime_checkable
@@ -255,8 +290,12 @@ class OnnxBackend:
         )
         #: stage ("whole", "prosody", "decoder") -> intra-op threads -> session
         self.sessions: dict[str, dict[int, Any]] = {}
-        #: instance norms of the decoder that take given statistics (``norms``); 0: none
+        #: instance norms that take given statistics (``norms``), the frame stage's
+        #: first; 0: none (windows take their own)
         self.norm_count = 0
+        #: of them, the frame stage's (``graph_split``: 0 without a frame stage)
+        self.frame_norms = 0
+        self._stage_norms: dict[str, int] = {}  # stage -> its graph's norm inputs
         self._audio_output = "audio"
         self.providers: list[str] = []
         self._tokens_name = "tokens"
@@ -341,9 +380,18 @@ class OnnxBackend:
         try:
             if graphs is not None:
                 self._load_stage("prosody", graphs.prosody)
-                decoder, self.norm_count = _with_norm_inputs(graphs.decoder)
+                norms = self._stage_norms
+                if graphs.frame is not None:
+                    frame, norms["frame"] = _with_norm_inputs(graphs.frame)
+                    self._load_stage("frame", frame)
+                    del frame
+                decoder, norms["decoder"] = _with_norm_inputs(graphs.decoder)
                 self._load_stage("decoder", decoder)
                 del decoder
+                # statistics for one stage but not the other: windows take their own
+                if norms["decoder"] and norms.get("frame", 1):
+                    self.frame_norms = norms.get("frame", 0)
+                    self.norm_count = self.frame_norms + norms["decoder"]
                 # the stage's own audio output (any export), read once, not per window
                 self._audio_output = self.session("decoder", self.threads).get_outputs()[0].name
                 self.split = True
@@ -456,7 +504,7 @@ class OnnxBackend:
     ) -> FloatArray:
         """Whole-utterance inference (the unsplit graph, or both stages over all frames)."""
         if self.split:
-            prosody = self.prosody(tokens, style, speed, cancel)
+            prosody = self.with_features(self.prosody(tokens, style, speed, cancel), style, cancel)
             return self.decode(prosody, 0, prosody.n_frames, style, cancel)
         outputs = self._run(self.session("whole"), self._feeds(tokens, style, speed), cancel)
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
@@ -469,8 +517,10 @@ class OnnxBackend:
         outputs = self._run(session, self._feeds(tokens, style, speed), cancel)
         names = [o.name for o in session.get_outputs()]
         out = dict(zip(names, outputs, strict=True))
+        features, asr = out.get("features"), out.get("asr")
         return Prosody(
-            features=np.asarray(out["features"], np.float32),
+            features=None if features is None else np.asarray(features, np.float32),
+            asr=None if asr is None else np.asarray(asr, np.float32),
             f0=np.asarray(out["f0"], np.float32),
             energy=np.asarray(out["energy"], np.float32),
             phase=np.asarray(out["phase"], np.float32),
@@ -478,45 +528,126 @@ class OnnxBackend:
         )
 
     def decode(
-        self, prosody: Prosody, start: int, end: int, style: FloatArray, cancel: CancelToken
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray:
         """Audio of frames ``[start, end)`` of ``prosody`` (600 samples per frame); the
-        instance norms take ``prosody.norms`` when given, else the window's own."""
-        feeds = self._decoder_feeds(prosody, start, end, style)
-        if self.norm_count and prosody.norms is not None:
-            feeds.update(prosody.norms.feeds())
-        elif self.norm_count:
-            feeds.update(own_feeds(self.norm_count))
-        outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
-        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
-
-    def _decoder_feeds(
-        self, prosody: Prosody, start: int, end: int, style: FloatArray
-    ) -> dict[str, Any]:
+        instance norms take ``prosody.norms`` when given, else the window's own. Without
+        ``prosody.features`` the frame stage runs on the window, ``ahead`` frames after
+        it (for the next windows: a run of the frame stage costs about 13 ms on one
+        thread before its first frame, 0.4 ms a frame) and ``FRAME_MARGIN`` frames on
+        each side (exact with given statistics; without them it runs on the whole
+        sentence: ``with_features``)."""
         if not 0 <= start < end <= prosody.n_frames:
             raise SynthesisError(f"window [{start}, {end}) outside 0..{prosody.n_frames}")
         a, b = 2 * start, 2 * end
-        return {
-            "features": np.ascontiguousarray(prosody.features[:, :, a:b]),
+        features = prosody.features
+        norms = prosody.norms
+        if features is not None:
+            features = features[:, :, a:b]
+        elif norms is not None and self.norm_count:
+            span, n = prosody.span, prosody.n_frames
+            if not span.covers(start, end, n, norms):
+                lo = max(0, start - FRAME_MARGIN)
+                hi = min(n, end + max(0, ahead) + FRAME_MARGIN)
+                out = self._frame(prosody, lo, hi, style, norms, cancel)[0]
+                span.start, span.end, span.features, span.norms = lo, hi, out, norms
+            assert span.features is not None
+            features = span.features[:, :, a - 2 * span.start : b - 2 * span.start]
+        else:
+            features = self.with_features(prosody, style, cancel).features
+            assert features is not None
+            features = features[:, :, a:b]
+        feeds = {
+            "features": np.ascontiguousarray(features),
             "f0": np.ascontiguousarray(prosody.f0[:, a:b]),
             "phase": np.ascontiguousarray(prosody.phase[:, a:b, :]),
             "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
         }
+        feeds.update(self._norm_feeds("decoder", prosody.norms))
+        outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
+        return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def _norm_feeds(self, stage: str, norms: NormStats | None) -> dict[str, Any]:
+        """The norm inputs of ``stage``: its part of ``norms``, else its own (weight 1)."""
+        count = self._stage_norms.get(stage, 0)
+        if not count:
+            return {}
+        if norms is None or not self.norm_count:
+            return own_feeds(count)
+        first = 0 if stage == "frame" else self.frame_norms
+        return norms.feeds(first, count)
+
+    def _frame(
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        norms: NormStats | None,
+        cancel: CancelToken,
+        stats: bool = False,
+    ) -> list[Any]:
+        """The frame stage over frames ``[start, end)``: ``[features]``, and with ``stats``
+        each of its norms' own means, then variances (weight 1)."""
+        if prosody.asr is None:
+            raise SynthesisError("this prosody stage gives no frame-stage input")
+        feeds = {
+            "asr": np.ascontiguousarray(prosody.asr[:, :, start:end]),
+            "f0": np.ascontiguousarray(prosody.f0[:, 2 * start : 2 * end]),
+            "energy": np.ascontiguousarray(prosody.energy[:, 2 * start : 2 * end]),
+            "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
+        }
+        feeds.update(self._norm_feeds("frame", norms))
+        names = ["features"]
+        if stats:
+            count = self._stage_norms.get("frame", 0)
+            names += [MEAN_OUTPUT.format(k) for k in range(count)]
+            names += [VAR_OUTPUT.format(k) for k in range(count)]
+        return self._run(self.session("frame"), feeds, cancel, names)
+
+    def with_features(self, prosody: Prosody, style: FloatArray, cancel: CancelToken) -> Prosody:
+        """``prosody`` with the whole sentence's ``features`` (the frame stage over all
+        frames, its norms taking the sentence's own statistics): what every window then
+        slices; ``prosody`` itself when it has them."""
+        if prosody.features is not None:
+            return prosody
+        out = self._frame(prosody, 0, prosody.n_frames, style, None, cancel)
+        return replace(prosody, features=np.asarray(out[0], np.float32))
 
     def sentence_norms(
         self, prosody: Prosody, style: FloatArray, cancel: CancelToken
     ) -> tuple[int, list[Any], list[Any]]:
         """The instance-norm statistics of the whole sentence of ``prosody`` (its frames,
-        each norm's mean and variance): one decode of all frames with their own."""
+        each norm's mean and variance, the frame stage's first): the frame stage and one
+        decode of all frames, with their own."""
         if not self.norm_count:
             raise SynthesisError("this decoder's instance norms take no statistics")
-        feeds = self._decoder_feeds(prosody, 0, prosody.n_frames, style)
-        feeds.update(own_feeds(self.norm_count))
-        names = [MEAN_OUTPUT.format(k) for k in range(self.norm_count)]
-        names += [VAR_OUTPUT.format(k) for k in range(self.norm_count)]
+        means: list[Any] = []
+        variances: list[Any] = []
+        if prosody.features is None:
+            out = self._frame(prosody, 0, prosody.n_frames, style, None, cancel, stats=True)
+            k = self.frame_norms
+            means, variances = list(out[1 : 1 + k]), list(out[1 + k :])
+            prosody = replace(prosody, features=np.asarray(out[0], np.float32))
+        assert prosody.features is not None
+        count = self._stage_norms["decoder"]
+        feeds = {
+            "features": prosody.features,
+            "f0": prosody.f0,
+            "phase": prosody.phase,
+            "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
+            **own_feeds(count),
+        }
+        names = [MEAN_OUTPUT.format(k) for k in range(count)]
+        names += [VAR_OUTPUT.format(k) for k in range(count)]
         out = self._run(self.session("decoder"), feeds, cancel, names)
-        k = self.norm_count
-        return prosody.n_frames, list(out[:k]), list(out[k:])
+        return prosody.n_frames, means + list(out[:count]), variances + list(out[count:])
 
     def close(self) -> None:
         self.sessions.clear()

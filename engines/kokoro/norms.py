@@ -45,7 +45,7 @@ import onnx
 from onnx import NodeProto, TensorProto, helper
 
 #: Bump when the rewrite or the calibration changes: cached statistics are measured again.
-NORMS_VERSION = 1
+NORMS_VERSION = 2
 NORM_WEIGHT = "norm_weight"  # float [1]: 1 = the window's own statistics, 0 = the given ones
 MEAN_INPUT = "norm_mean_{}"
 VAR_INPUT = "norm_var_{}"
@@ -190,12 +190,17 @@ class NormStats:
             if not (np.all(np.isfinite(m)) and np.all(np.isfinite(v)) and np.all(v >= 0)):
                 raise ValueError("statistics must be finite, variances >= 0")
 
-    def feeds(self) -> dict[str, Float32Array]:
-        """The decoder inputs that give every norm these statistics (with weight 0)."""
+    def feeds(self, first: int = 0, count: int | None = None) -> dict[str, Float32Array]:
+        """The inputs of a rewritten graph that give its norms these statistics (with
+        weight 0): norms ``first .. first + count`` (default: all) as its ``0 .. count``
+        (the frame stage's norms come first, the decoder's after them)."""
+        end = len(self.means) if count is None else first + count
+        if not 0 <= first <= end <= len(self.means):
+            raise ValueError(f"norms {first}..{end} of {len(self.means)}")
         out: dict[str, Float32Array] = {NORM_WEIGHT: np.zeros(1, np.float32)}
-        for k, (m, v) in enumerate(zip(self.means, self.variances, strict=True)):
-            out[MEAN_INPUT.format(k)] = m
-            out[VAR_INPUT.format(k)] = v
+        for k in range(end - first):
+            out[MEAN_INPUT.format(k)] = self.means[first + k]
+            out[VAR_INPUT.format(k)] = self.variances[first + k]
         return out
 
     def to_bytes(self) -> bytes:

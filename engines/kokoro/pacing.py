@@ -91,12 +91,14 @@ def simulate(
     lead_skip: int = 0,
     ahead_s: float | None = None,
     decode_from: int = 0,
+    ramp: int | None = None,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
     ``first_end``: where the first window ends; ``lead_skip``: frames at the start that
     are not played (the trimmed leading pad); ``decode_from``: where the first window
-    starts (frames before it are never decoded); ``ahead_s``: audio already queued
+    starts (frames before it are never decoded); ``ramp``: the smallest window after the
+    first (``WindowPlanner``; None: ``min_frames``); ``ahead_s``: audio already queued
     ahead of the listener when the first window starts decoding (None: the listener
     waits for this sentence, so its start is not a gap).
     """
@@ -116,7 +118,7 @@ def simulate(
     start_gaps = gaps
     while pos < n_frames:
         want = next_window_frames(play_end - t, pace, context)
-        want = max(min_frames, min(want, max_frames))
+        want = max(min(ramp or min_frames, min_frames), min(want, max_frames))
         remaining = n_frames - pos
         if remaining - want < min_frames:
             want = remaining if remaining <= max_frames else remaining - min_frames
@@ -153,6 +155,7 @@ def plan_first_end(
     ahead_s: float | None = None,
     longest: int | None = None,
     decode_from: int = 0,
+    ramp: int | None = None,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
@@ -174,6 +177,7 @@ def plan_first_end(
             lead_skip=lead_skip,
             ahead_s=ahead_s,
             decode_from=decode_from,
+            ramp=ramp,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)

@@ -436,20 +436,16 @@ class ProbeInput:
 
     @classmethod
     def from_stage(
-        cls, prosody: str | bytes, tokens: Sequence[int], style: npt.NDArray[np.float32]
+        cls,
+        prosody: str | bytes,
+        tokens: Sequence[int],
+        style: npt.NDArray[np.float32],
+        frame: str | bytes | None = None,
     ) -> ProbeInput:
-        """Run the shipped prosody stage on ``tokens`` and cut the probe window from the
+        """Run the shipped prosody stage (and the ``frame`` stage, when the prosody stage
+        gives no ``features`` itself) on ``tokens`` and cut the probe window from the
         middle of the sentence (``PROBE_FRAMES`` plus ``PROBE_CONTEXT`` on each side)."""
-        sess = _session(prosody, 1, False)
-        names = {i.name for i in sess.get_inputs()}
-        feeds: dict[str, Any] = {
-            ("input_ids" if "input_ids" in names else "tokens"): np.array(
-                [[0, *tokens, 0]], dtype=np.int64
-            ),
-            "style": style.reshape(1, -1).astype(np.float32),
-            "speed": np.array([1.0], dtype=np.float32),
-        }
-        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+        outs = stage_outputs(prosody, frame, tokens, style)
         frames = int(outs["features"].shape[2]) // 2
         want = probe_frames()
         a = max(0, (frames - want) // 2)
@@ -459,9 +455,40 @@ class ProbeInput:
                 "features": np.ascontiguousarray(outs["features"][:, :, 2 * a : 2 * b]),
                 "f0": np.ascontiguousarray(outs["f0"][:, 2 * a : 2 * b]),
                 "phase": np.ascontiguousarray(outs["phase"][:, 2 * a : 2 * b, :]),
-                "style": feeds["style"],
+                "style": style.reshape(1, -1).astype(np.float32),
             }
         )
+
+
+def stage_outputs(
+    prosody: str | bytes,
+    frame: str | bytes | None,
+    tokens: Sequence[int],
+    style: npt.NDArray[np.float32],
+    threads: int = 1,
+) -> dict[str, npt.NDArray[Any]]:
+    """The prosody stage's outputs for ``tokens`` at speed 1, with the whole sentence's
+    ``features`` (the ``frame`` stage run on all frames when the prosody stage gives
+    none): what the decoder stage's probes and numeric checks take."""
+    sess = _session(prosody, threads, False)
+    names = {i.name for i in sess.get_inputs()}
+    style = style.reshape(1, -1).astype(np.float32)
+    feeds: dict[str, Any] = {
+        ("input_ids" if "input_ids" in names else "tokens"): np.array(
+            [[0, *tokens, 0]], dtype=np.int64
+        ),
+        "style": style,
+        "speed": np.array([1.0], dtype=np.float32),
+    }
+    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    if "features" not in outs:
+        if frame is None:
+            raise ValueError("the prosody stage gives no features and no frame stage is given")
+        fs = _session(frame, threads, False)  # as split: its norms take their own
+        wanted = {i.name for i in fs.get_inputs()}
+        ffeeds = {n: v for n, v in {**outs, "style": style}.items() if n in wanted}
+        outs["features"] = fs.run(["features"], ffeeds)[0]
+    return outs
 
 
 def choose_plan(

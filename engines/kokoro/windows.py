@@ -50,9 +50,12 @@ SEARCH_FRAMES = 12  # a cut may move this far from the budget to reach a boundar
 #: sentence does, given the generator's receptive field: 2 frames of context measured
 #: as good as 10 (0.76 vs 0.74 dB from the whole decode; 0 frames: 4.2 dB), so windows
 #: need little context, and the first one can be short without costing words.
-FIXED_CONTEXT_FRAMES = 3
+FIXED_CONTEXT_FRAMES = 2
 FIXED_FIRST_FRAMES = (4, 8)
 FIXED_MIN_FRAMES = 24
+#: ... except while the budget is small (the first windows after the first): a window
+#: then keeps at least this many, so that the first window can be short
+FIXED_RAMP_FRAMES = 12
 #: ... and a cut needs no pause: it may move only this far to reach one
 FIXED_SEARCH_FRAMES = 2
 #: ... and the silent start of the leading pad need not be decoded: the model renders
@@ -71,6 +74,12 @@ class WindowShape:
     search: int = SEARCH_FRAMES
     #: frames of the leading pad decoded before it ends (None: all of it)
     lead: int | None = None
+    #: the first window may end on any frame (windows that decode like the sentence);
+    #: else only at its earliest end or a word boundary
+    cut_anywhere: bool = False
+    #: smallest window while the budget is small (None: ``min_frames``); the last
+    #: window still takes the rest when less than ``min_frames`` would be left
+    ramp: int | None = None
 
     def skip(self, lead_frames: int) -> int:
         """Frames at the sentence's start that are never decoded."""
@@ -85,6 +94,8 @@ FIXED_STATS_SHAPE = WindowShape(
     FIXED_MIN_FRAMES,
     FIXED_SEARCH_FRAMES,
     FIXED_LEAD_FRAMES,
+    cut_anywhere=True,
+    ramp=FIXED_RAMP_FRAMES,
 )
 
 
@@ -147,6 +158,8 @@ class WindowPlanner:
         context: int = CONTEXT_FRAMES,
         search: int = SEARCH_FRAMES,
         skip: int = 0,
+        cut_anywhere: bool = False,
+        ramp: int | None = None,
     ) -> None:
         if n_frames < 1:
             raise ValueError(f"a sentence has at least one frame, got {n_frames}")
@@ -176,6 +189,10 @@ class WindowPlanner:
             raise ValueError(f"may skip 0..{self.lead} frames of the leading pad, not {skip}")
         self.pos = skip  # frames before ``skip`` are never decoded (silent leading pad)
         self.count = 0
+        self.cut_anywhere = cut_anywhere
+        #: a window after the first keeps at least this many frames (the last one: all
+        #: the rest when less than ``min_frames`` would be left)
+        self.ramp = min_frames if ramp is None else max(1, min(ramp, min_frames))
 
     @property
     def done(self) -> bool:
@@ -224,9 +241,14 @@ class WindowPlanner:
 
     def first_candidates(self) -> list[int]:
         """Ends the first window may have, earliest first (the start planner's choices):
-        the default range's earliest end, then every word boundary after it."""
+        the default range's earliest end, then every word boundary after it; with
+        ``cut_anywhere`` every frame after it, sparser with distance (1 frame apart
+        for the first 8, 2 to 32 frames, then 4)."""
         lo = self.lead + self.first_frames[0]
-        return [lo, *(b for b in self.boundaries if b > lo)]
+        if not self.cut_anywhere:
+            return [lo, *(b for b in self.boundaries if b > lo)]
+        ends = [*range(lo, lo + 8), *range(lo + 8, lo + 32, 2), *range(lo + 32, self.n, 4)]
+        return [e for e in ends if e < self.n]
 
     def next(self, budget: int | None = None, *, first_at: int | None = None) -> Window | None:
         """The next window; ``budget`` frames of audio wanted (None: as large as allowed).
@@ -243,16 +265,16 @@ class WindowPlanner:
                 return self._emit(self.n)
             return self._emit(self._cut(lo, hi, (lo, self.n - self.min_frames)))
         want = self.max_frames if budget is None else budget
-        want = max(self.min_frames, min(want, self.max_frames))
+        want = max(self.ramp, min(want, self.max_frames))
         if self.remaining - want < self.min_frames:
             if self.remaining <= self.max_frames:
                 return self._emit(self.n)
             want = self.remaining - self.min_frames
-        lo = self.pos + max(self.min_frames, want - self.search)
+        lo = self.pos + max(self.ramp, want - self.search)
         hi = self.pos + min(self.max_frames, want + self.search)
         hi = min(hi, self.n - self.min_frames)
         limits = (
-            self.pos + self.min_frames,
+            self.pos + self.ramp,
             min(self.pos + self.max_frames, self.n - self.min_frames),
         )
         return self._emit(self._cut(lo, hi, limits))
