@@ -9,16 +9,18 @@ Rule 2: every failure leaves as ``SynthesisError`` (``VoiceNotFound`` included) 
 
 Streaming (README "Kokoro pipeline"). An utterance is phonemised once and cut
 into sentence units only where it exceeds a unit's token budget
-(``phrasing``). Each unit's prosody (BERT, durations, F0, energy, the
-frame-rate decoder and the harmonic source's phase) is computed whole, once
-(``backend.prosody``), so intonation and timing are those of the whole
-sentence; its audio is then decoded in windows of aligned frames
-(``windows``): a short first window so that the first audio leaves early, then
-windows sized by the audio queued ahead of playback divided by the measured decode
-speed. Every window's instance norms take the voice's statistics (``voice_norms``,
-measured once per voice), so a window decodes as the whole sentence does and needs
-only 3 frames of context (``windows.FIXED_STATS_SHAPE``); without them (a voice not
-measured yet, ``voice_norms=False``) each window takes its own and the wider
+(``phrasing``). Each unit's prosody (BERT, durations, F0, energy and the
+harmonic source's phase) is computed whole, once (``backend.prosody``), so
+intonation and timing are those of the whole sentence; its audio is then decoded
+in windows of aligned frames (``windows``): a short first window so that the first
+audio leaves early, then windows sized by the audio queued ahead of playback divided
+by the measured decode speed. Every window's instance norms take the voice's
+statistics (``voice_norms``, measured once per voice), so a window decodes as the
+whole sentence does: it runs the frame-rate decoder (``graph_split``'s frame stage)
+on its own frames too, and needs only 2 frames of context
+(``windows.FIXED_STATS_SHAPE``); without them (a voice not measured yet, a sentence
+under 2 s, ``voice_norms=False``) the frame stage runs whole after the prosody pass,
+each window's generator norms take their own statistics and the wider
 ``OWN_STATS_SHAPE`` applies. Windows are cut at a word boundary near the wanted
 frame, decoded with context frames on both sides and joined with a 20 ms equal-gain
 crossfade. The first ``next()`` runs the prosody pass and
