@@ -155,8 +155,9 @@ class FeatureSpan:
     features: npt.NDArray[np.float32] | None = None
     norms: NormStats | None = None
 
-    def covers(self, start: int, end: int, n_frames: int, norms: NormStats) -> bool:
-        """Whether frames ``[start, end)`` are exact here."""
+    def covers(self, start: int, end: int, n_frames: int, norms: NormStats | None) -> bool:
+        """Whether frames ``[start, end)`` are exact here (``norms`` None: the sentence's
+        own statistics, so only a span of the whole sentence is)."""
         lo = self.start + FRAME_MARGIN if self.start > 0 else 0
         hi = self.end - FRAME_MARGIN if self.end < n_frames else n_frames
         return self.features is not None and self.norms is norms and lo <= start and end <= hi
@@ -542,27 +543,15 @@ class OnnxBackend:
         it (for the next windows: a run of the frame stage costs about 13 ms on one
         thread before its first frame, 0.4 ms a frame) and ``FRAME_MARGIN`` frames on
         each side (exact with given statistics; without them it runs on the whole
-        sentence: ``with_features``)."""
+        sentence, once: ``with_features``); ``prosody.span`` keeps what it ran."""
         if not 0 <= start < end <= prosody.n_frames:
             raise SynthesisError(f"window [{start}, {end}) outside 0..{prosody.n_frames}")
         a, b = 2 * start, 2 * end
         features = prosody.features
-        norms = prosody.norms
         if features is not None:
             features = features[:, :, a:b]
-        elif norms is not None and self.norm_count:
-            span, n = prosody.span, prosody.n_frames
-            if not span.covers(start, end, n, norms):
-                lo = max(0, start - FRAME_MARGIN)
-                hi = min(n, end + max(0, ahead) + FRAME_MARGIN)
-                out = self._frame(prosody, lo, hi, style, norms, cancel)[0]
-                span.start, span.end, span.features, span.norms = lo, hi, out, norms
-            assert span.features is not None
-            features = span.features[:, :, a - 2 * span.start : b - 2 * span.start]
         else:
-            features = self.with_features(prosody, style, cancel).features
-            assert features is not None
-            features = features[:, :, a:b]
+            features = self._features(prosody, start, end, style, cancel, ahead)
         feeds = {
             "features": np.ascontiguousarray(features),
             "f0": np.ascontiguousarray(prosody.f0[:, a:b]),
@@ -572,6 +561,28 @@ class OnnxBackend:
         feeds.update(self._norm_feeds("decoder", prosody.norms))
         outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def _features(
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
+    ) -> npt.NDArray[np.float32]:
+        """The frame stage's output for frames ``[start, end)``, from ``prosody.span`` or
+        a new run: with given statistics on these frames (``decode``), else on the whole
+        sentence with its own."""
+        span, n = prosody.span, prosody.n_frames
+        norms = prosody.norms if self.norm_count else None
+        if not span.covers(start, end, n, norms):
+            lo = max(0, start - FRAME_MARGIN) if norms is not None else 0
+            hi = min(n, end + max(0, ahead) + FRAME_MARGIN) if norms is not None else n
+            out = self._frame(prosody, lo, hi, style, norms, cancel)[0]
+            span.start, span.end, span.features, span.norms = lo, hi, out, norms
+        assert span.features is not None
+        return span.features[:, :, 2 * (start - span.start) : 2 * (end - span.start)]
 
     def _norm_feeds(self, stage: str, norms: NormStats | None) -> dict[str, Any]:
         """The norm inputs of ``stage``: its part of ``norms``, else its own (weight 1)."""
@@ -617,8 +628,9 @@ class OnnxBackend:
         slices; ``prosody`` itself when it has them."""
         if prosody.features is not None:
             return prosody
-        out = self._frame(prosody, 0, prosody.n_frames, style, None, cancel)
-        return replace(prosody, features=np.asarray(out[0], np.float32))
+        own = replace(prosody, norms=None)  # the same span: computed once
+        features = self._features(own, 0, prosody.n_frames, style, cancel)
+        return replace(prosody, features=np.asarray(features, np.float32))
 
     def sentence_norms(
         self, prosody: Prosody, style: FloatArray, cancel: CancelToken

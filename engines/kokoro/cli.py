@@ -21,6 +21,7 @@ from engines.kokoro.windows import (
     FIXED_CONTEXT_FRAMES,
     FIXED_FIRST_FRAMES,
     FIXED_MIN_FRAMES,
+    FIXED_RAMP_FRAMES,
     MAX_FRAMES,
     MIN_FRAMES,
 )
@@ -185,16 +186,18 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         type=_frame_range,
         default=None,
         metavar="LO-HI",
-        help="the first window ends at a word boundary this many frames after the leading "
-        f"pad (default: {FIXED_FIRST_FRAMES[0]}-{FIXED_FIRST_FRAMES[1]} with the voice's "
-        f"statistics, {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]} without)",
+        help="the first window ends this many frames after the leading pad, or later when "
+        "the measured speed asks for it (default: "
+        f"{FIXED_FIRST_FRAMES[0]}-{FIXED_FIRST_FRAMES[1]} with the voice's statistics, on "
+        f"any frame; {FIRST_FRAMES[0]}-{FIRST_FRAMES[1]} without, at a word boundary)",
     )
     g.add_argument(
         "--min-window",
         type=int,
         default=None,
         help=f"smallest later window in frames (default: {FIXED_MIN_FRAMES} with the "
-        f"voice's statistics, {MIN_FRAMES} without)",
+        f"voice's statistics, where the windows right after the first may be "
+        f"{FIXED_RAMP_FRAMES} while little audio is queued; {MIN_FRAMES} without)",
     )
     g.add_argument(
         "--max-window",

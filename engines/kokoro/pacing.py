@@ -116,9 +116,10 @@ def simulate(
     play_end += max(0, first_end - lead_skip) / FRAMES_PER_S
     pos, windows = first_end, 1
     start_gaps = gaps
+    smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
     while pos < n_frames:
         want = next_window_frames(play_end - t, pace, context)
-        want = max(min(ramp or min_frames, min_frames), min(want, max_frames))
+        want = max(smallest, min(want, max_frames))
         remaining = n_frames - pos
         if remaining - want < min_frames:
             want = remaining if remaining <= max_frames else remaining - min_frames

@@ -24,10 +24,12 @@ leading pad's silent start left undecoded; the figures in this docstring are
 
 The first window is short (``first_frames``: about 0.3-0.55 s of speech after
 the leading pad) so the first audio leaves early; later windows follow the
-budget, never below ``min_frames`` (a window costs ``2 * context`` extra
-frames, so small ones waste compute) and never above ``max_frames`` (a long
-window holds a synthesis worker that other calls may need), and the rest of
-the sentence is one window when less than ``min_frames`` would be left.
+budget, never below ``min_frames`` (a window costs ``2 * context`` extra frames,
+so small ones waste compute; ``ramp`` lowers that bound for windows that decode
+like the sentence, so that the first one can be short) and never above
+``max_frames`` (a long window holds a synthesis worker that other calls may
+need), and the rest of the sentence is one window when less than ``min_frames``
+would be left.
 """
 
 from __future__ import annotations
