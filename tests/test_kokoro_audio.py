@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engines.kokoro.audio import CROSSFADE_SAMPLES, Joiner, equal_power, speech_bounds, trim
+from engines.kokoro.audio import (
+    CROSSFADE_SAMPLES,
+    Joiner,
+    equal_power,
+    fit_tail,
+    speech_bounds,
+    trim,
+    trim_tail,
+)
 from engines.kokoro.cache import AudioCache
 
 
@@ -25,6 +33,21 @@ def test_trim_keeps_margins() -> None:
     y = trim(x, 480, 960)
     assert abs(len(y) - (12000 + 480 + 960)) <= 480
     assert len(trim(np.zeros(5000, np.float32), 10, 10)) == 0
+
+
+def test_fit_tail_trims_a_long_silence_and_pads_a_short_one() -> None:
+    speech = tone(0.5)
+    long = np.concatenate([speech, np.full(24000, 1e-5, np.float32)])
+    np.testing.assert_array_equal(fit_tail(long, 7200), trim_tail(long, 7200))
+    short = np.concatenate([speech, np.full(1200, 1e-5, np.float32)])
+    padded = fit_tail(short, 7200)
+    end = speech_bounds(short)[1]  # type: ignore[index]
+    assert len(padded) == end + 7200
+    np.testing.assert_array_equal(padded[: len(short) - 240], short[: len(short) - 240])
+    assert not padded[len(short) :].any(), "silence, not rendered audio, after the decode"
+    fade = padded[len(short) - 240 : len(short)] / short[len(short) - 240 :]
+    assert fade[0] == 1.0 and fade[-1] == 0.0 and (np.diff(fade) <= 0).all()
+    assert len(fit_tail(np.zeros(5000, np.float32), 100)) == 0
 
 
 def test_equal_power_sums_to_one() -> None:

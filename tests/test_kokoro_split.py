@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import pytest
 import structlog
@@ -17,10 +18,12 @@ from kokoro_helpers import (
 )
 from onnx import TensorProto, helper
 
+from engines.kokoro import windows
+from engines.kokoro.audio import speech_bounds
 from engines.kokoro.backend import OnnxBackend
 from engines.kokoro.graph_split import GraphSplitError, split_model, split_sources
 from engines.kokoro.models import KOKORO_INT8_NAME
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.kokoro.synth import FINAL_TAIL_KEEP_S, KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import (
     FRAME_SAMPLES,
 )
@@ -120,6 +123,55 @@ def test_streamed_sentence_matches_whole_sentence_length_and_level(
     # it is speech; after it, 0.86-1.05x (each window's own statistics: 0.80-1.10x)
     heard, ref_heard = normalize_whole(streamed), normalize_whole(ref)
     assert 0.8 <= rms(heard) / rms(ref_heard) <= 1.25
+
+
+def sentence_frames(synth: KokoroSynthesizer, text: str) -> int:
+    backend = synth._backend
+    assert isinstance(backend, OnnxBackend)
+    tokens = tokens_of(synth, text)
+    style = synth._voices["jf_alpha"][len(tokens) - 1]
+    return backend.prosody(tokens, style, 1.0, CancelToken()).n_frames
+
+
+def test_the_trailing_silence_is_not_decoded_but_kept_as_silence(
+    kokoro_synth: KokoroSynthesizer,
+) -> None:
+    backend = spy(kokoro_synth)
+    backend.clear()
+    kokoro_synth._cache.clear()  # decoded now, not the prompt cache's copy
+    audio = np.concatenate(speak(kokoro_synth, SEAM_TEXT, CallState(call_id=22)))
+    n = sentence_frames(kokoro_synth, SEAM_TEXT)
+    last_decoded = max(end for _, end in backend.windows)
+    # the model renders 0.5-0.8 s of silence after the last word (windows.FIXED_TAIL_FRAMES)
+    assert n - last_decoded >= 10, (n, backend.windows)
+    bounds = speech_bounds(audio)
+    assert bounds is not None
+    keep = int(FINAL_TAIL_KEEP_S * 24000)
+    # (the trimmer measured the last window alone: its -42 dB may fall a little later)
+    assert abs(len(audio) - bounds[1] - keep) <= FRAME_SAMPLES, "the pause is kept, as zeros"
+    assert not audio[bounds[1] + keep // 2 :].any()
+
+
+def test_speech_where_the_energy_predicted_silence_is_decoded_to_the_end(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = spy(kokoro_synth)
+    kokoro_synth._cache.clear()  # decoded now, not the prompt cache's copy
+    reference = np.concatenate(speak(kokoro_synth, SEAM_TEXT, CallState(call_id=23)))
+
+    def in_a_word(energy: npt.NDArray[np.float64], quiet: float, tail: int) -> int:
+        third = len(energy) // 3  # the loudest frame of the middle third: a vowel
+        return third + int(np.argmax(energy[third : 2 * third])) + 1
+
+    monkeypatch.setattr(windows, "speech_stop", in_a_word)
+    backend.clear()
+    kokoro_synth._cache.clear()
+    audio = np.concatenate(speak(kokoro_synth, SEAM_TEXT, CallState(call_id=23)))
+    n = sentence_frames(kokoro_synth, SEAM_TEXT)
+    assert max(end for _, end in backend.windows) == n, "the last window went to the end"
+    got, want = speech_bounds(audio), speech_bounds(reference)
+    assert got is not None and want is not None
+    assert abs((got[1] - got[0]) - (want[1] - want[0])) <= 2 * FRAME_SAMPLES, "no word lost"
 
 
 def foreign_graph(path: Path) -> Path:

@@ -14,6 +14,7 @@ from engines.kokoro.windows import (
     Window,
     WindowPlanner,
     boundary_frames,
+    speech_stop,
     window_piece,
 )
 
@@ -172,3 +173,45 @@ def test_first_window_candidates_every_frame_when_cuts_need_no_boundary() -> Non
     assert ends == sorted(set(ends)) and ends[-1] < n
     gaps = [b - a for a, b in itertools.pairwise(ends)]
     assert max(gaps) <= 4 and gaps == sorted(gaps)  # sparser with distance, never sparse
+
+
+def test_the_trailing_silence_is_not_decoded_but_the_last_window_has_its_context() -> None:
+    n = 200
+    energy = np.full(n, 6.0)
+    energy[:12] = -9.0  # the leading pad
+    energy[150:] = -9.0  # the last phoneme's decay, the final mark and the pad
+    p = WindowPlanner(n, energy, [], lead_frames=12, context=2, tail=4)
+    assert (p.n, p.total, p.cut_tail) == (154, 200, 46)
+    ws = all_windows(p)
+    assert ws[-1].last and ws[-1].end == 154 and ws[-1].ctx_end == 156
+    assert all(a.end == b.start for a, b in itertools.pairwise(ws))
+    assert WindowPlanner(n, energy, [], lead_frames=12).n == n  # no tail: all frames
+
+
+def test_a_sentence_without_speech_energy_after_its_lead_is_decoded_whole() -> None:
+    quiet_then_loud = np.concatenate([np.full(10, 5.0), np.full(90, -9.0)])
+    assert speech_stop(quiet_then_loud, 0.0, 4) == 14
+    p = WindowPlanner(100, quiet_then_loud, [], lead_frames=20, tail=4)
+    assert p.n == 100, "the stop would fall inside the leading pad"
+    assert speech_stop(np.full(50, -9.0), 0.0, 4) == 50  # no loud frame at all
+    assert speech_stop(np.full(50, 5.0), 0.0, 4) == 50  # loud to the end
+
+
+@given(
+    n=st.integers(2, 400),
+    tail=st.integers(0, 30),
+    seed=st.integers(0, 2**16),
+    budget=st.one_of(st.none(), st.integers(1, 300)),
+)
+def test_windows_end_at_the_speech_stop_and_never_after_the_sentence(
+    n: int, tail: int, seed: int, budget: int | None
+) -> None:
+    energy = np.random.default_rng(seed).normal(size=n)
+    p = WindowPlanner(n, energy, [], lead_frames=min(5, n - 1), tail=tail)
+    ws = all_windows(p, budget)
+    assert ws[0].start == 0 and ws[-1].end == p.n <= n and ws[-1].last
+    assert all(w.ctx_end <= n for w in ws)
+    quiet = p.quiet
+    loud = [i for i in range(n) if energy[i] > quiet]
+    if loud and loud[-1] + 1 + tail > p.lead:  # every frame of speech energy is decoded
+        assert p.n == min(n, loud[-1] + 1 + tail)

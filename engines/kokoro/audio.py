@@ -51,6 +51,24 @@ def trim_lead(audio: FloatArray, lead: int) -> FloatArray:
     return audio[max(0, bounds[0] - lead) :]
 
 
+def fit_tail(audio: FloatArray, tail: int, fade: int = FRAME) -> FloatArray:
+    """Exactly ``tail`` samples after the speech span: trimmed as ``trim_tail``, or, when
+    ``audio`` ends sooner (its silence was not rendered), faded out over its last
+    ``fade`` samples and padded with zeros (nothing if all is silence)."""
+    bounds = speech_bounds(audio)
+    if bounds is None:
+        return audio[:0]
+    end = bounds[1]
+    if len(audio) >= end + tail:
+        return audio[: end + tail]
+    out = np.zeros(end + tail, dtype=np.float32)
+    out[: len(audio)] = audio
+    k = min(fade, len(audio) - end)
+    if k > 0:
+        out[len(audio) - k : len(audio)] *= np.linspace(1.0, 0.0, k, dtype=np.float32)
+    return out
+
+
 def trim_tail(audio: FloatArray, tail: int) -> FloatArray:
     """Keep at most ``tail`` samples after the speech span (nothing if all is silence)."""
     bounds = speech_bounds(audio)

@@ -162,6 +162,11 @@ VOICE_NORMS_MIN_FRAMES = 80
 #: its end too, for the next windows: its fixed cost (about 13 ms a run on one thread)
 #: then comes once per 1.6 s of speech, not once a window, for 26 ms more in that window
 FRAME_AHEAD = 64
+#: A last window that stops before the sentence's end (``windows.FIXED_TAIL_FRAMES``
+#: after its last frame of speech energy) is decoded again to the end when its audio is
+#: speech within this many frames of the stop (measured: speech ends at most 1.4 frames
+#: after that frame, so 2.6 before the stop)
+SPEECH_END_CHECK_FRAMES = 3
 PROSODY_STYLE = "kokoro_style"
 PROSODY_VOICE = "kokoro_voice"
 
@@ -300,6 +305,13 @@ class _DecodeSpeed:
             return self.prior
         n, value = min(known, key=lambda kv: abs(kv[0] - threads))
         return value * n / threads if threads > n else value
+
+
+def _speaks_to_end(audio: FloatArray, end: int) -> bool:
+    """Whether a window's decoded ``audio`` is still speech in the last
+    ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
+    bounds = audio_ops.speech_bounds(audio[: end * FRAME_SAMPLES])
+    return bounds is not None and bounds[1] > (end - SPEECH_END_CHECK_FRAMES) * FRAME_SAMPLES
 
 
 def _crowded(grant: UnitGrant) -> bool:
@@ -689,15 +701,25 @@ class KokoroSynthesizer:
             cache.put(key, np.concatenate(parts))
 
     def _unit_edges(
-        self, piece: FloatArray, unit: Phrase, units: list[Phrase], *, head: bool, tail: bool
+        self,
+        piece: FloatArray,
+        unit: Phrase,
+        units: list[Phrase],
+        *,
+        head: bool,
+        tail: bool,
+        unrendered: bool = False,
     ) -> FloatArray:
-        """Trim the model's edge silence at a unit's start/end; a pause before a later unit."""
+        """Trim the model's edge silence at a unit's start/end; a pause before a later unit.
+        ``unrendered``: the unit's trailing silence was not decoded; the silence kept
+        after its speech is then padded with zeros where ``piece`` ends too soon."""
         if head:
             piece = audio_ops.trim_lead(piece, int(LEAD_KEEP_S * SAMPLE_RATE))
         if tail:
             last = unit.index == len(units) - 1
-            keep = FINAL_TAIL_KEEP_S if last else TAIL_KEEP_S
-            piece = audio_ops.trim_tail(piece, int(keep * SAMPLE_RATE))
+            keep = int((FINAL_TAIL_KEEP_S if last else TAIL_KEEP_S) * SAMPLE_RATE)
+            fit = audio_ops.fit_tail if unrendered else audio_ops.trim_tail
+            piece = fit(piece, keep)
         if head and unit.index > 0 and len(piece):
             pause = int(BREAK_PAUSE_S[units[unit.index - 1].brk] * SAMPLE_RATE)
             if pause:
@@ -817,6 +839,7 @@ class KokoroSynthesizer:
                 skip=shape.skip(int(prosody.durations[0])),
                 cut_anywhere=shape.cut_anywhere,
                 ramp=shape.ramp,
+                tail=shape.tail,
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
             first_at = self._plan_start(planner, prosody, state, emitted, shape)
@@ -833,12 +856,21 @@ class KokoroSynthesizer:
                 # on the next windows' too (one run per FRAME_AHEAD frames)
                 ahead = FRAME_AHEAD if w.index > 0 else 0
                 audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel, ahead)
+                unrendered = w.last and planner.cut_tail > 0
+                if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
+                    # speech where the energy predicted silence: decode to the end
+                    log.info("window_tail_extended", call_id=state.call_id, at=w.end)
+                    w = replace(w, end=planner.total, ctx_end=planner.total)
+                    audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+                    unrendered = False
                 compute = time.perf_counter() - t_d
                 self._speed.update(
                     threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
                 )
                 raw = window_piece(audio, w, CROSSFADE_SAMPLES)
-                piece = self._unit_edges(raw, unit, units, head=w.index == 0, tail=w.last)
+                piece = self._unit_edges(
+                    raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
+                )
                 if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
                     # a last window in the trailing silence: the join keeps its crossfade
                     # and the fade-out comes after it, not on it
@@ -889,7 +921,7 @@ class KokoroSynthesizer:
         longest = None if grant.share >= 1.0 else cfg.max_window
         lead = int(prosody.durations[0])
         end, forecast = plan_first_end(
-            prosody.n_frames,
+            planner.n,
             planner.first_candidates(),
             pace=pace,
             context=shape.context,

@@ -64,6 +64,12 @@ FIXED_SEARCH_FRAMES = 2
 #: nothing in its first ~8 frames and starts the first sound 2-3 frames before the pad
 #: ends (README "Edge silence"), so decoding starts this many frames before the pad ends
 FIXED_LEAD_FRAMES = 6
+#: ... and the trailing silence need not be decoded either: decoding stops this many
+#: frames after the last frame whose predicted energy is speech (nearer the sentence's
+#: median than its silence). Measured over 105 sentences of 80-360 frames, 5 voices:
+#: the audible speech (the trimmer's -42 dB) ended at most 0.4 frames after that
+#: frame, and the model's own trailing silence is 20-31 frames (0.5-0.8 s)
+FIXED_TAIL_FRAMES = 4
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class WindowShape:
     #: smallest window while the budget is small (None: ``min_frames``); the last
     #: window still takes the rest when less than ``min_frames`` would be left
     ramp: int | None = None
+    #: frames decoded after the last frame of speech energy (None: to the end)
+    tail: int | None = None
 
     def skip(self, lead_frames: int) -> int:
         """Frames at the sentence's start that are never decoded."""
@@ -98,6 +106,7 @@ FIXED_STATS_SHAPE = WindowShape(
     FIXED_LEAD_FRAMES,
     cut_anywhere=True,
     ramp=FIXED_RAMP_FRAMES,
+    tail=FIXED_TAIL_FRAMES,
 )
 
 
@@ -144,6 +153,16 @@ def boundary_frames(
     return out
 
 
+def speech_stop(energy: npt.NDArray[np.float64], quiet: float, tail: int) -> int:
+    """Where decoding may stop: ``tail`` frames after the last frame whose ``energy``
+    is above ``quiet`` (the sentence's end when none is, or when that is further)."""
+    n = len(energy)
+    loud = np.nonzero(np.isfinite(energy) & (energy > quiet))[0]
+    if loud.size == 0:
+        return n
+    return max(1, min(n, int(loud[-1]) + 1 + tail))
+
+
 class WindowPlanner:
     """Hands out consecutive decoder windows of one sentence; see the module docstring."""
 
@@ -162,6 +181,7 @@ class WindowPlanner:
         skip: int = 0,
         cut_anywhere: bool = False,
         ramp: int | None = None,
+        tail: int | None = None,
     ) -> None:
         if n_frames < 1:
             raise ValueError(f"a sentence has at least one frame, got {n_frames}")
@@ -169,8 +189,11 @@ class WindowPlanner:
             raise ValueError(f"bad first window range {first_frames}")
         if not 1 <= min_frames <= max_frames:
             raise ValueError(f"need 1 <= min_frames ({min_frames}) <= max_frames ({max_frames})")
-        if context < 0 or search < 0:
-            raise ValueError("context and search must be >= 0")
+        if context < 0 or search < 0 or (tail is not None and tail < 0):
+            raise ValueError("context, search and tail must be >= 0")
+        #: the sentence's frames; ``n``: those decoded (``tail``: its trailing silence
+        #: is not), so the windows end there and the last one's context may go beyond
+        self.total = n_frames
         self.n = n_frames
         e = np.asarray(energy, dtype=np.float64).reshape(-1)
         if len(e) < n_frames:
@@ -182,6 +205,9 @@ class WindowPlanner:
         finite = self.energy[np.isfinite(self.energy)]
         self.quiet = float((finite.min() + np.median(finite)) / 2) if len(finite) else -np.inf
         self.lead = max(0, min(lead_frames, n_frames))
+        if tail is not None:  # (no speech after the leading pad: decode it all)
+            stop = speech_stop(self.energy, self.quiet, tail)
+            self.n = stop if stop > self.lead else n_frames
         self.first_frames = first_frames
         self.min_frames = min_frames
         self.max_frames = max_frames
@@ -195,6 +221,11 @@ class WindowPlanner:
         #: a window after the first keeps at least this many frames (the last one: all
         #: the rest when less than ``min_frames`` would be left)
         self.ramp = min_frames if ramp is None else max(1, min(ramp, min_frames))
+
+    @property
+    def cut_tail(self) -> int:
+        """Frames at the sentence's end that are not decoded (its trailing silence)."""
+        return self.total - self.n
 
     @property
     def done(self) -> bool:
@@ -234,7 +265,7 @@ class WindowPlanner:
             start=start,
             end=end,
             ctx_start=max(0, start - self.context),
-            ctx_end=min(self.n, end + self.context),
+            ctx_end=min(self.total, end + self.context),
             last=last,
         )
         self.pos = end
