@@ -19,7 +19,10 @@ closure and the recogniser heard "dog do"; at word boundaries it did not).
 With the voice's instance-norm statistics (``norms``, the engine's default) the two
 renderings agree but for the decoder's own noise, and ``FIXED_STATS_SHAPE`` below
 applies: little context, a short first window, cuts that need no pause, and the
-leading pad's silent start left undecoded; the figures in this docstring are
+leading pad's silent start and the silence after the last word left undecoded
+(``tail``: the last window ends a few frames after the last frame of speech energy;
+the synthesiser checks its audio and decodes to the end when that was wrong); the
+figures in this docstring are
 ``OWN_STATS_SHAPE``'s.
 
 The first window is short (``first_frames``: about 0.3-0.55 s of speech after
