@@ -75,7 +75,13 @@ from demo import (  # noqa: E402
     wait_for,
 )
 from kokoro_ttfa import parse_stats  # noqa: E402
-from slowdown import add_machine_arguments, avx2_emulated, reexec_avx2, slowed  # noqa: E402
+from slowdown import (  # noqa: E402
+    add_machine_arguments,
+    avx2_emulated,
+    engine_plan_arguments,
+    reexec_avx2,
+    slowed,
+)
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
@@ -410,8 +416,7 @@ async def main_async(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if args.synth_workers is not None:
         engine_args += ["--synth-workers", str(args.synth_workers)]
-    if args.plan:
-        engine_args += ["--plan", args.plan]
+    engine_args += engine_plan_arguments(args)
     with contextlib.ExitStack() as stack:
         print(stack.enter_context(slowed(args.slow_mode, args.slow)), flush=True)
         procs = await asyncio.to_thread(start_processes, log_dir, ports, engine_args)

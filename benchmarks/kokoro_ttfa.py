@@ -64,7 +64,13 @@ from demo import (  # noqa: E402
     stop_processes,
     wait_for,
 )
-from slowdown import add_machine_arguments, avx2_emulated, reexec_avx2, slowed  # noqa: E402
+from slowdown import (  # noqa: E402
+    add_machine_arguments,
+    avx2_emulated,
+    engine_plan_arguments,
+    reexec_avx2,
+    slowed,
+)
 
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
@@ -261,8 +267,7 @@ async def dock_rows(
     ]  # fmt: skip
     if args.engine_threads:
         engine_args += ["--threads", str(args.engine_threads)]
-    if args.plan:
-        engine_args += ["--plan", args.plan]
+    engine_args += engine_plan_arguments(args)
     if args.no_split:
         engine_args.append("--no-split")
     if args.edge_cap:

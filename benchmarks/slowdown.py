@@ -114,14 +114,30 @@ def reexec_avx2() -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def engine_plan_arguments(args: argparse.Namespace) -> list[str]:
+    """The engine flags ``add_machine_arguments`` passes on."""
+    out: list[str] = []
+    if args.plan:
+        out += ["--plan", args.plan]
+    if args.parallel_windows:
+        out += ["--parallel-windows", args.parallel_windows]
+    return out
+
+
 def avx2_emulated() -> bool:
     return bool(os.environ.get(AVX2_MARK))
 
 
 def add_machine_arguments(p: argparse.ArgumentParser) -> None:
-    """``--plan``, ``--slow [FACTOR]``, ``--slow-mode`` and ``--avx2`` of the Kokoro
-    benchmarks."""
+    """``--plan``, ``--parallel-windows``, ``--slow [FACTOR]``, ``--slow-mode`` and
+    ``--avx2`` of the Kokoro benchmarks."""
     p.add_argument("--plan", default=None, help="engine --plan (default: the engine's choice)")
+    p.add_argument(
+        "--parallel-windows",
+        default=None,
+        metavar="auto|N",
+        help="engine --parallel-windows (default: the engine's, auto)",
+    )
     p.add_argument(
         "--slow",
         type=float,

@@ -179,3 +179,56 @@ def test_a_ramp_lets_a_shorter_first_window_play_through() -> None:
     safe = {**kw, "pace": Pace(pace.frame_s * SAFETY)}  # the planner's margin
     sim = simulate(200, ramped, ramp=12, **safe)  # type: ignore[arg-type]
     assert sim.gaps == 0 and sim.windows == fc_ramped.windows
+
+
+def test_a_gang_shares_the_rest_of_a_sentence_evenly_between_its_windows() -> None:
+    gang = Pace.from_rtf(0.5, gang=2)
+    assert next_window_frames(10.0, gang, CTX) == next_window_frames(10.0, Pace.from_rtf(0.5), CTX)
+    assert next_window_frames(10.0, gang, CTX, remaining=81) == 41  # half, rounded up
+    assert next_window_frames(10.0, Pace.from_rtf(0.5), CTX, remaining=81) > 41  # one at a time
+
+
+def test_a_gang_on_two_cores_starts_sooner_and_plays_through_where_one_core_cannot() -> None:
+    """One core decoding at 0.9 compute s per audio s cannot keep a sentence going once
+    the windows' context is paid, so its start is late; two windows at once, each at
+    1.1 (both cores busy), start with half the first window and then play through."""
+    cands = list(range(10, 300, 2))
+    kw = {"context": 2, "min_frames": 24, "max_frames": MAX, "ramp": 12}
+    one_end, one = plan_first_end(300, cands, pace=Pace.from_rtf(0.9), **kw)  # type: ignore[arg-type]
+    gang = Pace.from_rtf(1.1, gang=2)
+    two_end, two = plan_first_end(300, cands, pace=gang, **kw)  # type: ignore[arg-type]
+    assert two.gaps == 0
+    assert two.start_s < 0.6 * one.start_s
+    assert two_end < one_end
+    # the first window's 100 frames, shared: each of the two decodes 50 and its context
+    first = simulate(300, 100, pace=gang, **kw)  # type: ignore[arg-type]
+    assert first.start_s == pytest.approx(gang.decode_s(50 + 2 * 2))
+    # the same first gang, then one window at a time at 0.9: a later window runs dry
+    alone_later = simulate(300, two_end, pace=gang, later=Pace.from_rtf(0.9 * SAFETY), **kw)  # type: ignore[arg-type]
+    assert alone_later.gaps > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(30, 600),
+    first=st.integers(1, 600),
+    rtf=st.floats(0.05, 3.0),
+    gang=st.integers(1, 4),
+    ahead=st.one_of(st.none(), st.floats(0.0, 5.0)),
+)
+def test_the_simulation_decodes_every_frame_with_any_gang(
+    n: int, first: int, rtf: float, gang: int, ahead: float | None
+) -> None:
+    fc = simulate(
+        n,
+        first,
+        pace=Pace.from_rtf(rtf, gang=gang),
+        context=2,
+        min_frames=24,
+        max_frames=MAX,
+        ramp=12,
+        ahead_s=ahead,
+    )
+    assert fc.windows >= 1 and fc.gaps >= fc.inside >= 0 and fc.gap_s >= 0
+    assert fc.decoded_frames >= n  # every frame, context on top
+    assert fc.start_s <= Pace.from_rtf(rtf).decode_s(min(n, first) + 2) + 1e-9

@@ -159,6 +159,22 @@ def test_while_the_budget_is_small_windows_ramp_below_the_smallest_but_the_last_
     assert rest is not None and rest.last and rest.frames == 30
 
 
+def test_windows_decoded_at_once_may_leave_a_window_as_small_as_the_ramp() -> None:
+    n = 300
+    p = WindowPlanner(n, np.ones(n), [], min_frames=24, max_frames=400, search=0, ramp=12)
+    p.next()
+    p.next(budget=p.remaining - 40)
+    # a gang of two shares the last 40 frames: 20 each, though 20 is under min_frames
+    a = p.next(budget=20, rest=p.ramp)
+    b = p.next(budget=20, rest=p.ramp)
+    assert a is not None and b is not None and (a.frames, b.frames) == (20, 20) and b.last
+    q = WindowPlanner(n, np.ones(n), [], min_frames=24, max_frames=400, search=0, ramp=12)
+    q.next()
+    q.next(budget=q.remaining - 40)
+    w = q.next(budget=30, rest=1)  # 10 left: never below the ramp, so all 40
+    assert w is not None and w.frames == 40 and w.last
+
+
 def test_first_window_candidates_every_frame_when_cuts_need_no_boundary() -> None:
     n = 200
     bounds = [40, 90]

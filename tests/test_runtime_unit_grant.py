@@ -154,3 +154,37 @@ def test_kokoro_paces_shared_cores_at_the_crowded_speed_and_counts_capacity_by_i
     cpus = available_cpus()
     per_core = 1.0 if cpus > 1 else 0.5  # one core is never crowded
     assert synth.plan().capacity == pytest.approx(cpus / (per_core * WINDOW_OVERHEAD))
+
+
+def test_kokoro_decodes_windows_at_once_while_alone_and_that_measures_faster() -> None:
+    from engines.kokoro.synth import WIDE_RETRY, KokoroConfig, KokoroSynthesizer
+    from engines.kokoro.windows import FRAMES_PER_S
+
+    synth = KokoroSynthesizer(KokoroConfig(), backend=_TwoSessions())  # type: ignore[arg-type]
+    synth._split_backend = synth._backend  # type: ignore[assignment]  # (a split backend)
+    alone = UnitGrant(cores=2, cpus=2, others=0)
+    synth._speed.seed(1, 0.9)
+    synth._speed.seed(2, 0.8)  # two threads on one window: 1.25 audio s per s
+    synth._speed.seed(1, 1.1, crowded=True)  # two windows at once: 2 / 1.1 = 1.8
+    assert synth._gang_size(alone) == 2
+    pace = synth._pace(alone, 2)
+    assert pace.gang == 2 and pace.frame_s * FRAMES_PER_S == pytest.approx(1.1)
+    # another utterance in progress, or one core granted: one window at a time
+    assert synth._gang_size(UnitGrant(cores=1, cpus=2, others=1)) == 1
+    assert synth._gang_size(UnitGrant(cores=1, cpus=2, others=0)) == 1
+    # cores that share execution units: two at once each take twice as long (1.0 per s)
+    synth._speed.seed(1, 2.0, crowded=True)
+    got = [synth._gang_size(alone) for _ in range(2 * WIDE_RETRY)]
+    assert got.count(2) == 2 and got.count(1) == 2 * WIDE_RETRY - 2  # tried now and then
+    assert synth._gang_size(alone, retry=False) == 1
+    # the option: 1 never, N always (up to the cores granted)
+    synth.config.parallel_windows = 1
+    synth._speed.seed(1, 1.1, crowded=True)
+    assert synth._gang_size(alone) == 1
+    synth.config.parallel_windows = 4
+    synth._speed.seed(1, 2.0, crowded=True)
+    assert synth._gang_size(alone) == 2
+    # pinned speeds (tests, reproducible plans): one at a time unless asked for
+    pinned = KokoroSynthesizer(KokoroConfig(assume_rtf=0.5), backend=_TwoSessions())  # type: ignore[arg-type]
+    pinned._split_backend = pinned._backend  # type: ignore[assignment]
+    assert pinned._gang_size(alone) == 1

@@ -225,6 +225,24 @@ class SplitBackend(Protocol):
 
 
 @runtime_checkable
+class PreparedBackend(Protocol):
+    """Optional: a split backend whose windows share state that a decode may write (the
+    frame stage's span); ``prepare`` computes it for frames ``[start, end)`` (and
+    ``ahead`` after), so that decodes of windows inside them, run at once from several
+    threads, only read it."""
+
+    def prepare(
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
+    ) -> None: ...
+
+
+@runtime_checkable
 class MarkedBackend(Protocol):
     """Optional: a backend told the vocabulary ids of punctuation marks (at load)."""
 
@@ -561,6 +579,22 @@ class OnnxBackend:
         feeds.update(self._norm_feeds("decoder", prosody.norms))
         outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+
+    def prepare(
+        self,
+        prosody: Prosody,
+        start: int,
+        end: int,
+        style: FloatArray,
+        cancel: CancelToken,
+        ahead: int = 0,
+    ) -> None:
+        """The frame stage's output for frames ``[start, end)`` (``PreparedBackend``):
+        windows decoded at once then only read ``prosody.span``."""
+        if not 0 <= start < end <= prosody.n_frames:
+            raise SynthesisError(f"frames [{start}, {end}) outside 0..{prosody.n_frames}")
+        if prosody.features is None:
+            self._features(prosody, start, end, style, cancel, ahead)
 
     def _features(
         self,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engines.kokoro.models import DEFAULT_VOICE
-from engines.kokoro.synth import PROMPT_CACHE_MB, KokoroConfig, KokoroSynthesizer
+from engines.kokoro.synth import GANG_MIN_GAIN, PROMPT_CACHE_MB, KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import (
     CONTEXT_FRAMES,
     FIRST_FRAMES,
@@ -206,6 +206,16 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         help=f"largest window in frames (default: {MAX_FRAMES})",
     )
     g.add_argument(
+        "--parallel-windows",
+        type=_parallel_windows,
+        default=env("KOKORO_PARALLEL_WINDOWS", _parallel_windows, None),
+        metavar="auto|N",
+        help="while one utterance is alone on the machine, decode this many of its windows "
+        "at once, one per free core (1: one window at a time, on every core's intra-op "
+        "threads); auto (default) decodes one per core while that measures at least "
+        f"{GANG_MIN_GAIN:g}x the audio per second [env KOKORO_PARALLEL_WINDOWS]",
+    )
+    g.add_argument(
         "--plan",
         default=env("KOKORO_PLAN", str, "auto"),
         help="decoder plan: auto measures the candidates (int8, fp32, fp32_conv2d) once on "
@@ -220,6 +230,18 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the measured speed); makes window plans the same on every machine "
         "[env KOKORO_ASSUME_RTF]",
     )
+
+
+def _parallel_windows(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"need at least 1 window, got {n}")
+    return n
 
 
 def _frame_range(text: str) -> tuple[int, int]:
@@ -257,6 +279,7 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
         max_window=args.max_window,
         voice_norms=not args.no_voice_norms,
         assume_rtf=args.assume_rtf,
+        parallel_windows=args.parallel_windows,
         plan=args.plan,
         name=getattr(args, "name", "kokoro"),  # a parser without the engine's --name
         text=text_options(args),

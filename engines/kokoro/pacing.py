@@ -8,6 +8,12 @@ the rule the engine then follows.
 Rule 2: a window is sized so that it is decoded by the time ``HEADROOM`` of the
 audio queued ahead (less ``JITTER_S``) has played; every window costs
 ``2 * context`` frames extra.
+Rule 3: a ``gang`` of windows is decoded at once, one per core (``Pace.gang``): each
+is sized by that rule at the speed of one core while the others are busy too, and
+all are ready together; when the rest of the sentence fits in one gang it is shared
+evenly between its windows (less wall time than one full window and a short one),
+and a first window decoded by a gang is shared evenly too (``simulate``: ``pace``
+with a ``gang``).
 
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
@@ -22,6 +28,7 @@ little later and then plays through; on a fast one nothing changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,27 +51,35 @@ BUSY_WINDOW_S = 0.4
 @dataclass(frozen=True)
 class Pace:
     """Decode speed of this utterance's windows: compute seconds per decoded frame, for
-    the share of the machine it can count on, and whether other calls share it."""
+    the share of the machine it can count on, whether other calls share it, and how
+    many windows are decoded at once (``gang``, one per core: ``frame_s`` is then one
+    core's speed while all of them decode)."""
 
     frame_s: float
     shared: bool = False
+    gang: int = 1
 
     @classmethod
-    def from_rtf(cls, rtf: float, shared: bool = False) -> Pace:
+    def from_rtf(cls, rtf: float, shared: bool = False, gang: int = 1) -> Pace:
         """From compute seconds per decoded audio second."""
-        return cls(max(rtf, 1e-4) / FRAMES_PER_S, shared)
+        return cls(max(rtf, 1e-4) / FRAMES_PER_S, shared, max(1, gang))
 
     def decode_s(self, frames: int) -> float:
         return frames * self.frame_s
 
 
-def next_window_frames(ahead_s: float, pace: Pace, context: int) -> int:
+def next_window_frames(
+    ahead_s: float, pace: Pace, context: int, remaining: int | None = None
+) -> int:
     """Frames the next window may keep so that it is ready before ``HEADROOM`` of the
     ``ahead_s`` queued audio, less ``JITTER_S``, has played (may be <= 0: the caller
-    clamps it)."""
+    clamps it). With a ``gang``, each of its windows (Rule 3): no more than an even
+    share of the ``remaining`` frames."""
     frames = (ahead_s * HEADROOM - JITTER_S) / pace.frame_s - 2 * context
     if pace.shared:
         frames = min(frames, BUSY_WINDOW_S / pace.frame_s - 2 * context)
+    if pace.gang > 1 and remaining is not None:
+        frames = min(frames, math.ceil(remaining / pace.gang))
     return int(frames)
 
 
@@ -92,6 +107,7 @@ def simulate(
     ahead_s: float | None = None,
     decode_from: int = 0,
     ramp: int | None = None,
+    later: Pace | None = None,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -100,12 +116,19 @@ def simulate(
     starts (frames before it are never decoded); ``ramp``: the smallest window after the
     first (``WindowPlanner``; None: ``min_frames``); ``ahead_s``: audio already queued
     ahead of the listener when the first window starts decoding (None: the listener
-    waits for this sentence, so its start is not a gap).
+    waits for this sentence, so its start is not a gap); ``pace``: the first window's
+    speed, ``later`` the others' (default: the same; with a ``gang``, Rule 3).
     """
+    step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
     first_decoded = min(n_frames, first_end + context) - max(0, decode_from - context)
     decoded = first_decoded
     t = pace.decode_s(decoded)
+    if pace.gang > 1:  # the first window's frames shared by a gang, decoded at once
+        span = max(1, first_end - decode_from)
+        parts = min(pace.gang, span)
+        decoded += 2 * context * (parts - 1)
+        t = min(t, pace.decode_s(math.ceil(span / parts) + 2 * context))
     gaps, gap_s = 0, 0.0
     if ahead_s is None:
         play_end = t  # the listener starts with the first window
@@ -113,29 +136,38 @@ def simulate(
         play_end = ahead_s
         if t > play_end:
             gaps, gap_s, play_end = 1, t - play_end, t
+    t_first = t
     play_end += max(0, first_end - lead_skip) / FRAMES_PER_S
     pos, windows = first_end, 1
     start_gaps = gaps
     smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
     while pos < n_frames:
-        want = next_window_frames(play_end - t, pace, context)
-        want = max(smallest, min(want, max_frames))
-        remaining = n_frames - pos
-        if remaining - want < min_frames:
-            want = remaining if remaining <= max_frames else remaining - min_frames
-        end = pos + want
-        frames = min(n_frames, end + context) - max(0, pos - context)
-        t += pace.decode_s(frames)
-        decoded += frames
+        per = next_window_frames(play_end - t, step, context, n_frames - pos)
+        slowest = 0  # the gang's windows are ready when its largest one is
+        kept = 0
+        for _ in range(step.gang):
+            if pos >= n_frames:
+                break
+            want = max(smallest, min(per, max_frames))
+            remaining = n_frames - pos
+            least = smallest if step.gang > 1 else min_frames  # ``WindowPlanner.next``
+            if remaining - want < least:
+                want = remaining if remaining <= max_frames else remaining - least
+            end = pos + want
+            frames = min(n_frames, end + context) - max(0, pos - context)
+            slowest = max(slowest, frames)
+            decoded += frames
+            kept += want
+            pos = end
+            windows += 1
+        t += step.decode_s(slowest)
         if t > play_end:
             gaps += 1
             gap_s += t - play_end
             play_end = t
-        play_end += want / FRAMES_PER_S
-        pos = end
-        windows += 1
+        play_end += kept / FRAMES_PER_S
     return Forecast(
-        start_s=pace.decode_s(first_decoded),
+        start_s=t_first,
         gaps=gaps,
         gap_s=gap_s,
         inside=gaps - start_gaps,
@@ -157,6 +189,7 @@ def plan_first_end(
     longest: int | None = None,
     decode_from: int = 0,
     ramp: int | None = None,
+    later: Pace | None = None,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
@@ -164,8 +197,10 @@ def plan_first_end(
     exceed that). When audio is already queued and no plan is gap-free, the earliest
     plan whose only gap is before the sentence's first audio (it starts late, then
     plays through) comes before a longer first window. The gaps predicted for the
-    choice come with it."""
-    safe = Pace(pace.frame_s * SAFETY, pace.shared)
+    choice come with it. ``later``: the speed of the windows after the first
+    (``simulate``)."""
+    safe = Pace(pace.frame_s * SAFETY, pace.shared, pace.gang)
+    safe_later = None if later is None else Pace(later.frame_s * SAFETY, later.shared, later.gang)
 
     def run(end: int) -> Forecast:
         return simulate(
@@ -179,18 +214,19 @@ def plan_first_end(
             ahead_s=ahead_s,
             decode_from=decode_from,
             ramp=ramp,
+            later=safe_later,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)
-    later: tuple[int, Forecast] | None = None  # the earliest plan that only starts late
+    late_start: tuple[int, Forecast] | None = None  # the earliest plan that only starts late
     for end in candidates:
         if end >= limit or n_frames - end < min_frames:  # else the rest is one window
             break
         fc = run(end)
         if fc.gaps == 0:
             return end, fc
-        if later is None and fc.inside == 0:
-            later = (end, fc)
-    if later is not None:
-        return later
+        if late_start is None and fc.inside == 0:
+            late_start = (end, fc)
+    if late_start is not None:
+        return late_start
     return limit, run(limit)

@@ -24,7 +24,11 @@ each window's generator norms take their own statistics and the wider
 ``OWN_STATS_SHAPE`` applies. Windows are cut at a word boundary near the wanted
 frame, decoded with context frames on both sides and joined with a 20 ms equal-gain
 crossfade. The first ``next()`` runs the prosody pass and
-the first window; every later ``next()`` decodes one window. The cancel token
+the first window; every later ``next()`` decodes one window. While the utterance is
+alone on the machine and that measures faster, a *gang* of windows, one per granted
+core, is decoded at once instead (``pacing`` Rule 3: helper threads, one intra-op
+thread each), the first window's frames shared between them too; each of its
+windows is then yielded in order, one per ``next()``. The cancel token
 is checked between windows and, through ``RunOptions.terminate``, inside each
 run. A graph that cannot be split (another export) or ``split=False`` runs each
 unit as one whole inference (logged once at load).
@@ -56,6 +60,8 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -68,6 +74,7 @@ from engines.kokoro.backend import (
     Backend,
     MarkedBackend,
     OnnxBackend,
+    PreparedBackend,
     Prosody,
     SplitBackend,
     ThreadedBackend,
@@ -108,6 +115,7 @@ from engines.kokoro.windows import (
     FRAMES_PER_S,
     MAX_FRAMES,
     OWN_STATS_SHAPE,
+    Window,
     WindowPlanner,
     WindowShape,
     boundary_frames,
@@ -129,6 +137,7 @@ from engines.runtime.synth import (
     set_unit_grant,
     unit_grant,
 )
+from engines.runtime.threads import lower_thread_priority
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 log = structlog.get_logger(__name__)
@@ -147,6 +156,11 @@ WARM_UP_TEXTS = ("Hallo.", "Hello.")
 #: a unit granted several cores runs wide only while that measures this much faster
 WIDE_MIN_GAIN = 0.95
 WIDE_RETRY = 8  # ... and tries it again every this many units
+#: an utterance alone on the machine decodes a gang of windows at once, one per core
+#: (``pacing`` Rule 3), while that measures at least this share of the audio per second
+#: of one window at a time on the faster session (wide or one thread); the gang's speed
+#: is measured as it is paced, by its slowest window (``--parallel-windows``)
+GANG_MIN_GAIN = 1.0
 PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
 #: decode compute of a sentence, with its windows' context frames and the prosody pass,
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
@@ -205,6 +219,10 @@ class KokoroConfig:
     #: pace windows as if decoding took this many compute s per audio s (None: measure);
     #: makes window plans independent of the machine (tests, reproducible runs)
     assume_rtf: float | None = None
+    #: windows of one utterance decoded at once while it is alone on the machine: None =
+    #: by the measured speeds (``GANG_MIN_GAIN``; never with ``assume_rtf``), 1 = never,
+    #: N = up to N (one per granted core)
+    parallel_windows: int | None = None
     #: decoder plan: "auto" (measured once per machine and cached) or a variant name
     plan: str = "auto"
     name: str = "kokoro"
@@ -243,6 +261,8 @@ class KokoroConfig:
             raise ValueError(
                 f"unknown plan {self.plan!r}: auto or one of {', '.join(plan_names())}"
             )
+        if self.parallel_windows is not None and self.parallel_windows < 1:
+            raise ValueError(f"parallel windows must be >= 1, got {self.parallel_windows}")
         if self.assume_rtf is not None and not 0 < self.assume_rtf < 100:
             raise ValueError(f"assumed decode speed {self.assume_rtf} outside (0, 100)")
 
@@ -345,6 +365,9 @@ class KokoroSynthesizer:
         self._plan: PlanChoice | None = None
         self._norms: VoiceNorms | None = None
         self._wide_units = 0  # units granted more than one core (``WIDE_RETRY``)
+        self._gang_checks = 0  # gangs considered and not measured faster (``WIDE_RETRY``)
+        #: threads that decode a gang's windows after its first (``_decode``)
+        self._helpers: ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self._counters: dict[str, float] = {
             "utterances": 0.0,
@@ -359,6 +382,7 @@ class KokoroSynthesizer:
             "last_first_chunk_ms": 0.0,
             "starts_delayed": 0.0,
             "gaps_predicted": 0.0,
+            "windows_parallel": 0.0,
         }
 
     # -- Synthesizer interface -------------------------------------------------------
@@ -580,6 +604,9 @@ class KokoroSynthesizer:
         return f":G2P:{g2p}:PLAN:{self.plan().name}"
 
     def close(self) -> None:
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=False, cancel_futures=True)
+            self._helpers = None
         if self._norms is not None:
             self._norms.close()
         if self._backend is not None:
@@ -769,12 +796,43 @@ class KokoroSynthesizer:
         if not retry and self._speed.rtf(wide) >= WIDE_MIN_GAIN * self._speed.rtf(1):
             set_unit_grant(replace(grant, cores=1))
 
-    def _pace(self, grant: UnitGrant) -> Pace:
+    def _gang_size(self, grant: UnitGrant, *, retry: bool = True) -> int:
+        """Windows this utterance decodes at once next (``pacing`` Rule 3): one per
+        granted core while it is alone on the machine and a gang measures
+        ``GANG_MIN_GAIN`` more audio per second than one window at a time (or always,
+        up to ``parallel_windows`` when that is set); else 1. Not measured faster,
+        every ``WIDE_RETRY``-th check (``retry``) tries it again, so the choice follows
+        the machine's load."""
+        want = self.config.parallel_windows
+        if want == 1 or grant.others > 0 or grant.cores < 2 or self._split_backend is None:
+            return 1
+        k = grant.cores if want is None else min(want, grant.cores)
+        if want is not None:
+            return k
+        if self.config.assume_rtf is not None:  # plans independent of the machine
+            return 1
+        gang = k / self._speed.rtf(1, crowded=True)
+        one_at_a_time = 1 / min(self._speed.rtf(self._threads_for(grant)), self._speed.rtf(1))
+        if gang >= GANG_MIN_GAIN * one_at_a_time:
+            return k
+        if retry:
+            with self._stats_lock:
+                self._gang_checks += 1
+                if self._gang_checks % WIDE_RETRY == 0:
+                    return k
+        return 1
+
+    def _pace(self, grant: UnitGrant, gang: int = 1) -> Pace:
         """Decode speed this utterance can count on for its next windows: all cores while
-        it is alone, else its share of them (others' units interleave with its own);
-        ``shared`` (windows kept short) while utterances outnumber the cores."""
+        it is alone (a ``gang`` of windows at once, one per core, at the speed of a core
+        while all are busy; else one window at a time, on the widest session unless
+        that is slower), else its share of them (others' units interleave with its
+        own); ``shared`` (windows kept short) while utterances outnumber the cores."""
         fixed = self.config.assume_rtf
         if grant.others == 0:
+            if gang > 1:
+                crowded = self._speed.rtf(1, crowded=True)
+                return Pace.from_rtf(fixed if fixed is not None else crowded, gang=gang)
             wide = self._threads_for(UnitGrant(grant.cpus))
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
             return Pace.from_rtf(fixed if fixed is not None else best)
@@ -792,11 +850,86 @@ class KokoroSynthesizer:
         clock = state.playback
         return 0.0 if clock is None else float(clock.ahead_s())
 
-    def _budget_frames(self, state: CallState, context: int) -> int:
-        """Frames the next window may have so that it is ready before playback runs dry
-        (``pacing.next_window_frames`` at this unit's grant)."""
-        ahead = self._ahead_s(state)
-        return next_window_frames(ahead, self._pace(unit_grant()), context)
+    def _next_gang(self, planner: WindowPlanner, state: CallState, context: int) -> list[Window]:
+        """The windows this unit decodes (in order; several at once: ``_gang_size``), each
+        sized so that it is ready before playback runs dry (``pacing.next_window_frames``
+        at this unit's grant)."""
+        if planner.done:
+            return []
+        grant = unit_grant()
+        k = self._gang_size(grant)
+        if k > 1:
+            set_unit_grant(replace(grant, cores=1))  # each window on one core
+        else:
+            self._narrow_if_wide_is_slower()
+        pace = self._pace(grant, k)
+        per = next_window_frames(self._ahead_s(state), pace, context, planner.remaining)
+        rest = planner.ramp if pace.gang > 1 else None
+        gang: list[Window] = []
+        while len(gang) < pace.gang and (w := planner.next(per, rest=rest)) is not None:
+            gang.append(w)
+        return gang
+
+    def _first_gang(self, planner: WindowPlanner, first_at: int | None, gang: int) -> list[Window]:
+        """The sentence's first window; with a ``gang``, that window's frames shared
+        evenly between ``gang`` windows decoded at once (``pacing`` Rule 3)."""
+        if gang == 1:
+            w = planner.next(None, first_at=first_at)
+            return [] if w is None else [w]
+        end = first_at if first_at is not None else planner.lead + planner.first_frames[0]
+        each = math.ceil((end - planner.pos) / gang)
+        w = planner.next(None, first_at=planner.pos + each, rest=planner.ramp)
+        out: list[Window] = []
+        while w is not None:
+            out.append(w)
+            if len(out) == gang or w.end >= end:
+                break
+            each = math.ceil((end - w.end) / (gang - len(out)))
+            w = planner.next(max(1, each), rest=planner.ramp)
+        return out
+
+    def _decode(
+        self, gang: list[Window], prosody: Prosody, style: FloatArray, cancel: CancelToken
+    ) -> list[tuple[FloatArray, float]]:
+        """Each window's decoded audio and compute seconds, in order: one in this thread,
+        a gang's others at the same time in helper threads, one intra-op thread each
+        (after the frame stage has run for all of them, here)."""
+        backend = cast(SplitBackend, self._backend)
+        if len(gang) == 1:
+            w = gang[0]
+            # the first window's frame stage runs on its own frames; each later one's on
+            # the next windows' too (one run per FRAME_AHEAD frames)
+            ahead = FRAME_AHEAD if w.index > 0 else 0
+            t_d = time.perf_counter()
+            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel, ahead)
+            return [(audio, time.perf_counter() - t_d)]
+        if isinstance(backend, PreparedBackend):
+            start, end = gang[0].ctx_start, gang[-1].ctx_end
+            backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
+
+        def one(w: Window) -> tuple[FloatArray, float]:
+            t_d = time.perf_counter()
+            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+            return audio, time.perf_counter() - t_d
+
+        helpers = self._helper_pool()
+        futures: list[Future[tuple[FloatArray, float]]] = [helpers.submit(one, w) for w in gang[1:]]
+        try:
+            head = one(gang[0])
+        except BaseException:
+            wait_all(futures)  # no decode outlives its unit
+            raise
+        return [head, *(f.result() for f in futures)]
+
+    def _helper_pool(self) -> ThreadPoolExecutor:
+        with self._stats_lock:
+            if self._helpers is None:
+                self._helpers = ThreadPoolExecutor(
+                    max_workers=max(1, available_cpus() - 1),
+                    thread_name_prefix="kokoro-window",
+                    initializer=lower_thread_priority,
+                )
+            return self._helpers
 
     def _windows(
         self,
@@ -815,6 +948,7 @@ class KokoroSynthesizer:
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
+            pooled = unit_grant()  # the pool's grant (the prosody pass may narrow it)
             self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
             shape = cfg.window_shape(OWN_STATS_SHAPE)
@@ -842,64 +976,72 @@ class KokoroSynthesizer:
                 tail=shape.tail,
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
-            first_at = self._plan_start(planner, prosody, state, emitted, shape)
-            budget: int | None = None
-            while (w := planner.next(budget, first_at=first_at)) is not None:
+            # the first window (or gang, which then ends where the first window would)
+            # runs in the unit of the prosody pass
+            k = self._gang_size(pooled)
+            if k > 1:
+                set_unit_grant(replace(pooled, cores=1))  # each window on one core
+            first_at = self._plan_start(planner, prosody, state, emitted, shape, k)
+            gang = self._first_gang(planner, first_at, k)
+            while gang:
                 cancel.raise_if_cancelled()
-                if w.index > 0:  # the first window runs in the unit of the prosody pass
-                    self._narrow_if_wide_is_slower()
                 grant = unit_grant()
-                threads = self._threads_for(grant)
-                crowded = _crowded(grant)
-                t_d = time.perf_counter()
-                # the first window's frame stage runs on its own frames; each later one's
-                # on the next windows' too (one run per FRAME_AHEAD frames)
-                ahead = FRAME_AHEAD if w.index > 0 else 0
-                audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel, ahead)
-                unrendered = w.last and planner.cut_tail > 0
-                if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
-                    # speech where the energy predicted silence: decode to the end
-                    log.info("window_tail_extended", call_id=state.call_id, at=w.end)
-                    w = replace(w, end=planner.total, ctx_end=planner.total)
-                    audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
-                    unrendered = False
-                compute = time.perf_counter() - t_d
-                self._speed.update(
-                    threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
-                )
-                raw = window_piece(audio, w, CROSSFADE_SAMPLES)
-                piece = self._unit_edges(
-                    raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
-                )
-                if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
-                    # a last window in the trailing silence: the join keeps its crossfade
-                    # and the fade-out comes after it, not on it
-                    piece = raw[: 2 * CROSSFADE_SAMPLES]
-                out = joiner.push(piece)
-                if w.last:
-                    out = np.concatenate([out, joiner.finish()])
-                self._count(
-                    windows=1,
-                    decode_ms=compute * 1000,
-                    kept=w.frames,
-                    decoded=w.decoded_frames,
-                )
-                log.debug(
-                    "window_decoded",
-                    call_id=state.call_id,
-                    unit=unit.index,
-                    index=w.index,
-                    frames=w.frames,
-                    decoded=w.decoded_frames,
-                    compute_ms=round(compute * 1000, 1),
-                    prosody_ms=round(prosody_s * 1000, 1) if w.index == 0 else None,
-                    budget=budget,
-                    threads=threads,
-                )
-                cancel.raise_if_cancelled()
-                emitted += len(out)
-                yield out
-                budget = self._budget_frames(state, shape.context)
+                many = len(gang) > 1
+                threads = 1 if many else self._threads_for(grant)
+                crowded = many or _crowded(grant)  # a gang's windows keep every core busy
+                t_g = time.perf_counter()
+                decoded = self._decode(gang, prosody, style, cancel)
+                if many:  # the gang is ready when its slowest window is: pace by that
+                    longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
+                    self._speed.update(1, longest, time.perf_counter() - t_g, crowded=True)
+                for w, (audio, compute) in zip(gang, decoded, strict=True):
+                    unrendered = w.last and planner.cut_tail > 0
+                    if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
+                        # speech where the energy predicted silence: decode to the end
+                        log.info("window_tail_extended", call_id=state.call_id, at=w.end)
+                        t_d = time.perf_counter()
+                        w = replace(w, end=planner.total, ctx_end=planner.total)
+                        audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+                        compute += time.perf_counter() - t_d
+                        unrendered = False
+                    if not many:
+                        self._speed.update(
+                            threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
+                        )
+                    raw = window_piece(audio, w, CROSSFADE_SAMPLES)
+                    piece = self._unit_edges(
+                        raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
+                    )
+                    if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
+                        # a last window in the trailing silence: the join keeps its
+                        # crossfade and the fade-out comes after it, not on it
+                        piece = raw[: 2 * CROSSFADE_SAMPLES]
+                    out = joiner.push(piece)
+                    if w.last:
+                        out = np.concatenate([out, joiner.finish()])
+                    self._count(
+                        windows=1,
+                        decode_ms=compute * 1000,
+                        kept=w.frames,
+                        decoded=w.decoded_frames,
+                        parallel=len(gang) if many else 0,
+                    )
+                    log.debug(
+                        "window_decoded",
+                        call_id=state.call_id,
+                        unit=unit.index,
+                        index=w.index,
+                        frames=w.frames,
+                        decoded=w.decoded_frames,
+                        compute_ms=round(compute * 1000, 1),
+                        prosody_ms=round(prosody_s * 1000, 1) if w.index == 0 else None,
+                        threads=threads,
+                        parallel=len(gang),
+                    )
+                    cancel.raise_if_cancelled()
+                    emitted += len(out)
+                    yield out
+                gang = self._next_gang(planner, state, shape.context)
 
     def _plan_start(
         self,
@@ -908,13 +1050,18 @@ class KokoroSynthesizer:
         state: CallState,
         emitted: int,
         shape: WindowShape,
+        gang: int = 1,
     ) -> int | None:
-        """Where the sentence's first window ends (``pacing.plan_first_end``): the default
-        short window when the measured speed keeps up, later on a slow CPU; the predicted
-        gaps go to the playback clock (the runtime logs them beside the real ones)."""
+        """Where the sentence's first window (or first ``gang``) ends
+        (``pacing.plan_first_end``): the default short window when the measured speed
+        keeps up, later on a slow CPU; the predicted gaps go to the playback clock (the
+        runtime logs them beside the real ones)."""
         cfg = self.config
         grant = unit_grant()
-        pace = self._pace(grant)
+        pace = self._pace(grant, gang)
+        # the windows after the first: a gang when the machine's cores are this one's
+        alone = UnitGrant(grant.cpus, grant.cpus, grant.others)
+        later = pace if gang > 1 else self._pace(grant, self._gang_size(alone, retry=False))
         ahead: float | None = self._ahead_s(state)
         if emitted == 0 and ahead is not None and ahead <= 0:
             ahead = None  # the listener waits for this sentence: its start is not a gap
@@ -932,6 +1079,7 @@ class KokoroSynthesizer:
             longest=longest,
             decode_from=planner.pos,
             ramp=planner.ramp,
+            later=later,
         )
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
@@ -945,6 +1093,7 @@ class KokoroSynthesizer:
             first_end=end,
             rtf=round(pace.frame_s * FRAMES_PER_S, 3),
             shared=pace.shared,
+            gang=later.gang,
             windows=forecast.windows,
             gaps=forecast.gaps,
             start_ms=round(forecast.start_s * 1000, 1),
@@ -964,6 +1113,7 @@ class KokoroSynthesizer:
         decoded: int = 0,
         audio_s: float = 0.0,
         first_ms: float | None = None,
+        parallel: int = 0,
     ) -> None:
         with self._stats_lock:
             c = self._counters
@@ -976,6 +1126,7 @@ class KokoroSynthesizer:
             c["frames_kept_total"] += kept
             c["frames_decoded_total"] += decoded
             c["audio_s_total"] += audio_s
+            c["windows_parallel"] += 1 if parallel else 0
             if first_ms is not None:
                 c["last_first_chunk_ms"] = first_ms
 

@@ -286,32 +286,38 @@ class WindowPlanner:
         ends = [*range(lo, lo + 8), *range(lo + 8, lo + 32, 2), *range(lo + 32, self.n, 4)]
         return [e for e in ends if e < self.n]
 
-    def next(self, budget: int | None = None, *, first_at: int | None = None) -> Window | None:
+    def next(
+        self, budget: int | None = None, *, first_at: int | None = None, rest: int | None = None
+    ) -> Window | None:
         """The next window; ``budget`` frames of audio wanted (None: as large as allowed).
 
         ``first_at``: the first window ends no earlier than this frame (the start
-        planner's choice on a slow CPU; default: the ``first_frames`` range)."""
+        planner's choice on a slow CPU; default: the ``first_frames`` range).
+        ``rest``: the smallest window that may be left after this one (default
+        ``min_frames``; at least ``ramp``): windows decoded at once, each on its own
+        core, are better even than one of them taking the rest."""
         if self.done:
             return None
+        least = self.min_frames if rest is None else max(self.ramp, min(rest, self.min_frames))
         if self.count == 0:
             lo, hi = self.lead + self.first_frames[0], self.lead + self.first_frames[1]
             if first_at is not None and first_at > lo:
                 lo, hi = first_at, first_at + (hi - lo)
-            if self.n - lo < self.min_frames:  # short sentence: the first window is all of it
+            if self.n - lo < least:  # short sentence: the first window is all of it
                 return self._emit(self.n)
-            return self._emit(self._cut(lo, hi, (lo, self.n - self.min_frames)))
+            return self._emit(self._cut(lo, hi, (lo, self.n - least)))
         want = self.max_frames if budget is None else budget
         want = max(self.ramp, min(want, self.max_frames))
-        if self.remaining - want < self.min_frames:
+        if self.remaining - want < least:
             if self.remaining <= self.max_frames:
                 return self._emit(self.n)
-            want = self.remaining - self.min_frames
+            want = self.remaining - least
         lo = self.pos + max(self.ramp, want - self.search)
         hi = self.pos + min(self.max_frames, want + self.search)
-        hi = min(hi, self.n - self.min_frames)
+        hi = min(hi, self.n - least)
         limits = (
             self.pos + self.ramp,
-            min(self.pos + self.max_frames, self.n - self.min_frames),
+            min(self.pos + self.max_frames, self.n - least),
         )
         return self._emit(self._cut(lo, hi, limits))
 
