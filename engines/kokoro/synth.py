@@ -991,10 +991,15 @@ class KokoroSynthesizer:
                 crowded = many or _crowded(grant)  # a gang's windows keep every core busy
                 t_g = time.perf_counter()
                 decoded = self._decode(gang, prosody, style, cancel)
+                gang_s = time.perf_counter() - t_g
+                frames = sum(w.decoded_frames for w in gang)
                 if many:  # the gang is ready when its slowest window is: pace by that
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
-                    self._speed.update(1, longest, time.perf_counter() - t_g, crowded=True)
+                    self._speed.update(1, longest, gang_s, crowded=True)
                 for w, (audio, compute) in zip(gang, decoded, strict=True):
+                    # inference time, as a wide session's is counted: the gang's wall
+                    # time on its cores, shared by its windows' frames
+                    spent = gang_s * w.decoded_frames / frames if many else compute
                     unrendered = w.last and planner.cut_tail > 0
                     if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
                         # speech where the energy predicted silence: decode to the end
@@ -1002,7 +1007,8 @@ class KokoroSynthesizer:
                         t_d = time.perf_counter()
                         w = replace(w, end=planner.total, ctx_end=planner.total)
                         audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
-                        compute += time.perf_counter() - t_d
+                        again = time.perf_counter() - t_d
+                        compute, spent = compute + again, spent + again
                         unrendered = False
                     if not many:
                         self._speed.update(
@@ -1021,7 +1027,7 @@ class KokoroSynthesizer:
                         out = np.concatenate([out, joiner.finish()])
                     self._count(
                         windows=1,
-                        decode_ms=compute * 1000,
+                        decode_ms=spent * 1000,
                         kept=w.frames,
                         decoded=w.decoded_frames,
                         parallel=len(gang) if many else 0,
