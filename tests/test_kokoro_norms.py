@@ -9,6 +9,8 @@ given statistics with weight 0, and must report the window's own statistics.
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -42,7 +44,7 @@ from engines.kokoro.norms import (
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.voice_norms import CALIBRATION_TEXTS, VoiceNorms
 from engines.kokoro.windows import CONTEXT_FRAMES, FIXED_CONTEXT_FRAMES, FRAME_SAMPLES
-from engines.runtime.synth import CallState, CancelToken
+from engines.runtime.synth import CallState, CancelToken, SynthesisCancelled
 
 EPS = 1e-5
 C = 4
@@ -324,6 +326,50 @@ def test_other_voices_are_measured_in_the_background_and_never_waited_for(
     norms.close()
 
 
+class StoppableNormBackend(FakeNormBackend):
+    """Its first sentence runs until it is cancelled (a call arrives)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.stopped = 0
+
+    def sentence_norms(
+        self, prosody: Any, style: Any, cancel: CancelToken
+    ) -> tuple[int, list[Any], list[Any]]:
+        if not self.started.is_set():
+            self.started.set()
+            deadline = time.monotonic() + 30
+            while not cancel.cancelled and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.stopped += 1
+            raise SynthesisCancelled()
+        return super().sentence_norms(prosody, style, cancel)
+
+
+def test_the_background_measurement_waits_while_calls_are_in_progress(tmp_path: Path) -> None:
+    backend = StoppableNormBackend()
+    calls = [0]
+    words = lambda text: list(range(len(text.split())))  # noqa: E731
+    norms = VoiceNorms(backend, words, tmp_path, "m", busy=lambda: calls[0] > 0)
+    voices = {"a": np.ones((510, 1, 8), np.float32)}
+    norms.measure_in_background(voices)
+    assert backend.started.wait(10)
+    calls[0] = 1  # an utterance starts: the sentence being measured stops
+    norms.yield_to_calls()
+    deadline = time.monotonic() + 10
+    while not backend.stopped and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)  # (several idle polls)
+    assert backend.stopped == 1 and backend.measured == 0, "nothing measured during the call"
+    calls[0] = 0  # idle again: measured, the stopped sentence included
+    assert norms._thread is not None
+    norms._thread.join(30)
+    assert norms.ready("a") is not None and norms.yielded == 1
+    assert backend.measured == len(CALIBRATION_TEXTS)
+    norms.close()
+
+
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KokoroSynthesizer]:
     engine = KokoroSynthesizer(
@@ -443,3 +489,15 @@ def test_later_windows_share_one_frame_stage_run_and_decode_alike(
     assert len(runs) <= -(-n // 64) + 1  # one per 64 frames
     # the same features but for the int8 activation scale of each run (graph_split)
     assert spectral_distance(each, shared) < 0.5
+
+
+def test_an_utterance_in_progress_holds_the_background_measurement(
+    synth: KokoroSynthesizer,
+) -> None:
+    norms = synth._norms
+    assert norms is not None and not norms.busy()
+    gen = synth.synthesize("Hello there, one moment please.", CallState(call_id=5), CancelToken())
+    next(gen)
+    assert norms.busy(), "voice_norms Rule 4: the call comes first"
+    gen.close()
+    assert not norms.busy()

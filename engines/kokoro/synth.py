@@ -366,6 +366,7 @@ class KokoroSynthesizer:
         self._norms: VoiceNorms | None = None
         self._wide_units = 0  # units granted more than one core (``WIDE_RETRY``)
         self._gang_checks = 0  # gangs considered and not measured faster (``WIDE_RETRY``)
+        self._in_progress = 0  # utterances started and not finished (``voice_norms``)
         #: threads that decode a gang's windows after its first (``_decode``)
         self._helpers: ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
@@ -475,6 +476,7 @@ class KokoroSynthesizer:
             self._tokens_of,
             model.parent / f"{model.name}.norms",
             f"{sha256 or sha256_file(model)}:{variant}",
+            busy=lambda: self._in_progress > 0,
         )
         cpus = available_cpus()
         set_unit_grant(UnitGrant(cpus, cpus, 0))  # before docking: every core is free
@@ -595,6 +597,8 @@ class KokoroSynthesizer:
         out["split"] = 1.0 if self.split else 0.0
         # voices whose windows take the voice's instance-norm statistics (``voice_norms``)
         out["voice_norms_ready"] = float(self._norms.count() if self._norms is not None else 0)
+        # background measurements stopped for a call, measured again when idle
+        out["voice_norms_yielded"] = float(self._norms.yielded if self._norms is not None else 0)
         if self._frontend is not None:
             out.update(self._frontend.stats())
         return out
@@ -665,6 +669,10 @@ class KokoroSynthesizer:
     def _synthesize(
         self, text: str, state: CallState, cancel: CancelToken, *, use_cache: bool
     ) -> Iterator[FloatArray]:
+        with self._stats_lock:
+            self._in_progress += 1
+        if self._norms is not None:
+            self._norms.yield_to_calls()  # voice_norms Rule 4: calls come first
         try:
             yield from self._run(text, state, cancel, use_cache)
         except (SynthesisError, SynthesisCancelled, GeneratorExit):
@@ -672,6 +680,9 @@ class KokoroSynthesizer:
         except Exception as exc:  # a bug or a backend surprise: one clear error type
             log.warning("synthesis_failed", error=repr(exc), call_id=state.call_id)
             raise SynthesisError(f"synthesis failed: {exc}") from exc
+        finally:
+            with self._stats_lock:
+                self._in_progress -= 1
 
     def _run(
         self, text: str, state: CallState, cancel: CancelToken, use_cache: bool

@@ -11,6 +11,9 @@ Rule 3: nobody waits for a measurement but the engine's start: the default voice
 measured at load, before the engine docks; the other voices one after another in a
 background thread after that (one intra-op thread), and an utterance in a voice not
 measured yet takes its windows' own statistics (as ``--no-voice-norms`` does).
+Rule 4: calls come first: the background measurement runs only while no utterance
+is in progress (``busy``); an utterance that starts stops the sentence being
+measured (``yield_to_calls``), which is measured again once the engine is idle.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import structlog
 
 from engines.kokoro.backend import Prosody
 from engines.kokoro.norms import NormCache, NormStats, pool, voice_key
-from engines.runtime.synth import CancelToken, FloatArray
+from engines.runtime.synth import CancelToken, FloatArray, SynthesisCancelled
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +44,8 @@ CALIBRATION_TEXTS = (
     "Can you confirm the address where the delivery should be made?",
     "Please say yes or no after the tone.",
 )
+#: How often the background measurement looks whether the engine is idle again (s).
+IDLE_POLL_S = 0.05
 
 
 class NormBackend(Protocol):
@@ -67,6 +72,7 @@ class VoiceNorms:
         cache_dir: Path,
         model_key: str,
         texts: Sequence[str] = CALIBRATION_TEXTS,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.backend = backend
         self.tokens = tokens
@@ -78,6 +84,11 @@ class VoiceNorms:
         self._pending: list[tuple[str, Any]] = []
         self._thread: threading.Thread | None = None
         self._closed = CancelToken()  # close(): the measurement in progress stops
+        #: whether an utterance is in progress (Rule 4)
+        self.busy = busy
+        self._background_thread: int | None = None  # ident of the measuring thread
+        self._sentence = CancelToken()  # the background sentence being measured now
+        self.yielded = 0  # background sentences stopped for a call (measured again)
 
     @property
     def enabled(self) -> bool:
@@ -118,10 +129,30 @@ class VoiceNorms:
         self._thread.start()
 
     def _background(self) -> None:
+        self._background_thread = threading.get_ident()
         for name, voice in self._pending:
             if self._closed.cancelled:
                 return
             self.get(name, voice)
+
+    def yield_to_calls(self) -> None:
+        """An utterance starts: stop the background sentence being measured (Rule 4)."""
+        self._sentence.cancel()
+
+    def _idle_token(self) -> tuple[CancelToken, Callable[[], None]]:
+        """In the background thread: wait until no utterance is in progress, then a
+        token that ``yield_to_calls`` and ``close`` cancel, and the function that
+        unlinks it from ``close`` (elsewhere: ``close``'s token)."""
+        if threading.get_ident() != self._background_thread:
+            return self._closed, lambda: None
+        while self.busy() and not self._closed.cancelled:
+            time.sleep(IDLE_POLL_S)
+        token = CancelToken()
+        self._sentence = token
+        forget = self._closed.on_cancel(token.cancel)
+        if self.busy():  # an utterance started meanwhile
+            token.cancel()
+        return token, forget
 
     def wait(self, timeout: float) -> bool:
         """Wait for the background measurement; False if it is still running."""
@@ -163,13 +194,22 @@ class VoiceNorms:
     def measure(self, voice: Any) -> NormStats:
         """Pool the statistics of ``texts`` spoken whole in ``voice``'s style rows."""
         samples = []
-        cancel = self._closed
         for text in self.texts:
             tokens = self.tokens(text)
             row = voice[min(max(len(tokens), 1), len(voice)) - 1]
             style = np.asarray(row, np.float32).reshape(1, -1)
-            prosody = self.backend.prosody(tokens, style, 1.0, cancel)
-            samples.append(self.backend.sentence_norms(prosody, style, cancel))
+            while True:
+                cancel, forget = self._idle_token()
+                try:
+                    prosody = self.backend.prosody(tokens, style, 1.0, cancel)
+                    samples.append(self.backend.sentence_norms(prosody, style, cancel))
+                    break
+                except SynthesisCancelled:
+                    if self._closed.cancelled:
+                        raise
+                    self.yielded += 1  # a call came: this sentence again when idle
+                finally:
+                    forget()
         stats = pool(samples)
         if len(stats.means) != self.backend.norm_count:
             raise ValueError(f"{len(stats.means)} statistics for {self.backend.norm_count} norms")
