@@ -111,6 +111,37 @@ def test_windows_tile_the_sentence_in_order_within_limits(
             assert w.frames >= p.min_frames or w.frames == n - windows[-2].end
 
 
+@given(
+    n=st.integers(1, 400),
+    lead=st.integers(0, 60),
+    first=st.tuples(st.integers(1, 300), st.integers(0, 300)),
+    bounds=st.lists(st.integers(0, 400), max_size=40),
+    anywhere=st.booleans(),
+    tail=st.one_of(st.none(), st.integers(0, 10)),
+    pick=st.integers(0, 10_000),
+)
+def test_the_first_window_may_end_at_any_candidate(
+    n: int,
+    lead: int,
+    first: tuple[int, int],
+    bounds: list[int],
+    anywhere: bool,
+    tail: int | None,
+    pick: int,
+) -> None:
+    # whatever the sentence and the first window's range (--first-window), the start
+    # planner has a choice, and every choice is a window inside the decoded frames
+    energy = np.random.default_rng(n).random(n)
+    lo, hi = first[0], first[0] + first[1]
+    p = WindowPlanner(
+        n, energy, bounds, lead_frames=lead, first_frames=(lo, hi), cut_anywhere=anywhere, tail=tail
+    )
+    ends = p.first_candidates()
+    assert ends and ends == sorted(set(ends)) and p.pos < ends[0] and ends[-1] <= p.n
+    w = p.next(first_at=ends[pick % len(ends)])
+    assert w is not None and w.start == 0 and 0 < w.end <= p.n
+
+
 def test_pieces_overlap_by_the_fade_around_each_cut() -> None:
     n = 100
     audio_all = np.arange(n * FRAME_SAMPLES, dtype=np.float32)
@@ -189,6 +220,19 @@ def test_first_window_candidates_every_frame_when_cuts_need_no_boundary() -> Non
     assert ends == sorted(set(ends)) and ends[-1] < n
     gaps = [b - a for a, b in itertools.pairwise(ends)]
     assert max(gaps) <= 4 and gaps == sorted(gaps)  # sparser with distance, never sparse
+
+
+@pytest.mark.parametrize("anywhere", [False, True])
+def test_a_sentence_shorter_than_the_first_window_is_one_window(anywhere: bool) -> None:
+    # --first-window 100,120 and a 60-frame sentence (40 after its tail is cut)
+    energy = np.concatenate([np.ones(40), np.zeros(20)])
+    p = WindowPlanner(
+        60, energy, [30], lead_frames=5, first_frames=(100, 120), cut_anywhere=anywhere, tail=0
+    )
+    assert p.n == 40 and p.first_candidates() == [40]
+    w = p.next(first_at=p.first_candidates()[0])
+    assert w is not None and (w.start, w.end, w.last) == (0, 40, True)
+    assert p.next() is None
 
 
 def test_the_trailing_silence_is_not_decoded_but_the_last_window_has_its_context() -> None:

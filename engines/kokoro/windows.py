@@ -279,10 +279,13 @@ class WindowPlanner:
         """Ends the first window may have, earliest first (the start planner's choices):
         the default range's earliest end, then every word boundary after it; with
         ``cut_anywhere`` every frame after it, sparser with distance (1 frame apart
-        for the first 8, 2 to 32 frames, then 4)."""
+        for the first 8, 2 to 32 frames, then 4). Never past the frames decoded: a
+        sentence shorter than the first window has the one end, its last frame."""
         lo = self.lead + self.first_frames[0]
+        if lo >= self.n:  # a first window longer than the sentence: all of it
+            return [self.n]
         if not self.cut_anywhere:
-            return [lo, *(b for b in self.boundaries if b > lo)]
+            return [lo, *(b for b in self.boundaries if lo < b < self.n)]
         ends = [*range(lo, lo + 8), *range(lo + 8, lo + 32, 2), *range(lo + 32, self.n, 4)]
         return [e for e in ends if e < self.n]
 
