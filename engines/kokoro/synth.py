@@ -27,8 +27,9 @@ crossfade. The first ``next()`` runs the prosody pass and
 the first window; every later ``next()`` decodes one window. While the utterance is
 alone on the machine and that measures faster, a *gang* of windows, one per granted
 core, is decoded at once instead (``pacing`` Rule 3: helper threads, one intra-op
-thread each), the first window's frames shared between them too; each of its
-windows is then yielded in order, one per ``next()``. The cancel token
+thread each), the first window's frames shared between them too; the steps
+before a gang's decodes (the prosody pass, the frame stage) run on all its cores;
+each of its windows is then yielded in order, one per ``next()``. The cancel token
 is checked between windows and, through ``RunOptions.terminate``, inside each
 run. A graph that cannot be split (another export) or ``split=False`` runs each
 unit as one whole inference (logged once at load).
@@ -904,7 +905,7 @@ class KokoroSynthesizer:
     ) -> list[tuple[FloatArray, float]]:
         """Each window's decoded audio and compute seconds, in order: one in this thread,
         a gang's others at the same time in helper threads, one intra-op thread each
-        (after the frame stage has run for all of them, here)."""
+        (after the frame stage has run for all of them, here, on all the gang's cores)."""
         backend = cast(SplitBackend, self._backend)
         if len(gang) == 1:
             w = gang[0]
@@ -916,7 +917,13 @@ class KokoroSynthesizer:
             return [(audio, time.perf_counter() - t_d)]
         if isinstance(backend, PreparedBackend):
             start, end = gang[0].ctx_start, gang[-1].ctx_end
-            backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
+            # on all the gang's cores: nothing else runs on them until it is done
+            grant = unit_grant()
+            set_unit_grant(replace(grant, cores=len(gang)))
+            try:
+                backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
+            finally:
+                set_unit_grant(grant)
 
         def one(w: Window) -> tuple[FloatArray, float]:
             t_d = time.perf_counter()
@@ -960,7 +967,11 @@ class KokoroSynthesizer:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
             pooled = unit_grant()  # the pool's grant (the prosody pass may narrow it)
-            self._narrow_if_wide_is_slower()
+            # the first window (or gang, which then ends where the first window would)
+            # runs in the unit of the prosody pass; a gang's cores run the prosody pass
+            k = self._gang_size(pooled)
+            if k == 1:
+                self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
             shape = cfg.window_shape(OWN_STATS_SHAPE)
             if norms is not None and prosody.n_frames >= VOICE_NORMS_MIN_FRAMES:
@@ -987,9 +998,6 @@ class KokoroSynthesizer:
                 tail=shape.tail,
             )
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
-            # the first window (or gang, which then ends where the first window would)
-            # runs in the unit of the prosody pass
-            k = self._gang_size(pooled)
             if k > 1:
                 set_unit_grant(replace(pooled, cores=1))  # each window on one core
             first_at = self._plan_start(planner, prosody, state, emitted, shape, k)
