@@ -966,7 +966,7 @@ class KokoroSynthesizer:
         for unit in units:
             cancel.raise_if_cancelled()
             t_p = time.perf_counter()
-            pooled = unit_grant()  # the pool's grant (the prosody pass may narrow it)
+            pooled = unit_grant()  # the pool's grant (narrowed below unless a gang takes it)
             # the first window (or gang, which then ends where the first window would)
             # runs in the unit of the prosody pass; a gang's cores run the prosody pass
             k = self._gang_size(pooled)
