@@ -490,6 +490,7 @@ async def _measure(
         hits = engine.stats.get("synth.prompt_cache_hits", float("nan"))
         report(args, results, rate, hits, plan_rate, plan)
         print_rss(rss)
+        print_caches(engine.stats)
         return 0
     finally:
         for task in (poller, sampler):
@@ -589,6 +590,19 @@ def print_rss(rss: list[tuple[float, float]]) -> None:
             f"{lo0:.0f} -> {lo1:.0f} MB ({(lo1 - lo0) / lo0:+.1%}); "
             f"max {max(mb for t, mb in rss if t >= 300):.0f} MB"
         )
+
+
+def print_caches(stats: dict[str, float]) -> None:
+    """What the engine holds besides the runs in progress: its prompt cache (bounded in
+    MB), and how often it gave glibc's freed pages back (backend Rule 3)."""
+    nan = float("nan")
+    trims = stats.get("synth.heap_trims", nan)
+    each = stats.get("synth.heap_trim_ms_total", nan) / trims if trims else 0.0
+    print(
+        f"engine at the end: prompt cache {stats.get('synth.prompt_cache_mb', nan):.1f} MB in "
+        f"{stats.get('synth.prompt_cache_entries', nan):.0f} entries; heap trims {trims:.0f} "
+        f"({each:.1f} ms each)"
+    )
 
 
 def rss_step(rss: list[tuple[float, float]]) -> float:

@@ -10,7 +10,9 @@ Rule 3: memory stays at what the runs in progress need. Every run shrinks ONNX
 Runtime's CPU arena when it ends (``memory.enable_memory_arena_shrinkage``: the
 regions it grew for this run's shapes are freed), and glibc's mmap threshold is
 fixed at ``MMAP_THRESHOLD`` so that those regions go back to the system instead
-of staying in the heap. Every window and sentence has its own shape, and
+of staying in the heap. Smaller blocks live in glibc's per-thread arenas, which keep
+the pages of what was freed: the synthesiser gives them back (``trim_heap``) after
+utterances. Every window and sentence has its own shape, and
 without this the arena kept the largest set of shapes seen so far: a long window
 or sentence late in a soak grew the process for good. Measured (one decoder
 session, the same window run alternately with and without it; Xeon 2 vCPU):
@@ -727,6 +729,31 @@ def fix_mmap_threshold() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+_malloc_trim: Any = None  # libc's malloc_trim once looked up; False where there is none
+
+
+def trim_heap() -> bool:
+    """Give the free pages inside glibc's arenas back to the system (``malloc_trim(0)``,
+    Rule 3); False where the C library has no ``malloc_trim`` (musl, macOS), which
+    changes nothing else. Takes each arena's lock in turn, briefly: call it off the
+    event loop."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes = [ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+            _malloc_trim = fn
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim is False:
+        return False
+    _malloc_trim(0)
+    return True
 
 
 def converted_sources(manifest: Manifest, model_path: Path, split: bool) -> SplitGraphs | None:
