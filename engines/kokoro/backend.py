@@ -10,19 +10,20 @@ Rule 3: memory stays at what the runs in progress need. Every run shrinks ONNX
 Runtime's CPU arena when it ends (``memory.enable_memory_arena_shrinkage``: the
 regions it grew for this run's shapes are freed), and glibc's mmap threshold is
 fixed at ``MMAP_THRESHOLD`` so that those regions go back to the system instead
-of staying in the heap. Smaller blocks live in glibc's per-thread arenas, which keep
-the pages of what was freed: the synthesiser gives them back (``trim_heap``) after
-utterances. Every window and sentence has its own shape, and
+of staying in the heap. Every window and sentence has its own shape, and
 without this the arena kept the largest set of shapes seen so far: a long window
 or sentence late in a soak grew the process for good. Measured (one decoder
 session, the same window run alternately with and without it; Xeon 2 vCPU):
 0.97-1.02x the time for 68-220 frame windows on 1 and 2 threads; RSS over
 random windows of 68-220 frames on both sessions flat at 510-540 MB against
-734 -> 846 MB and rising without it.
+734 -> 846 MB and rising without it. Smaller blocks live in glibc's per-thread
+arenas, which keep the pages of what was freed: the synthesiser gives them back
+(``trim_heap``) after utterances.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -717,21 +718,28 @@ def _with_norm_inputs(source: str | bytes) -> tuple[str | bytes, int]:
         return source, 0
 
 
+@functools.cache
+def _libc(name: str, *argtypes: Any) -> Any | None:
+    """The C library's function ``name`` (returning int, taking ``argtypes``), or None
+    where it has none (musl, macOS)."""
+    import ctypes
+
+    try:
+        fn = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def fix_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (Rule 3); False where the C
     library has no ``mallopt`` (musl, macOS), which changes nothing else."""
     import ctypes
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
-_malloc_trim: Any = None  # libc's malloc_trim once looked up; False where there is none
+    mallopt = _libc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def trim_heap() -> bool:
@@ -739,20 +747,12 @@ def trim_heap() -> bool:
     Rule 3); False where the C library has no ``malloc_trim`` (musl, macOS), which
     changes nothing else. Takes each arena's lock in turn, briefly: call it off the
     event loop."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        import ctypes
+    import ctypes
 
-        try:
-            fn = ctypes.CDLL(None).malloc_trim
-            fn.argtypes = [ctypes.c_size_t]
-            fn.restype = ctypes.c_int
-            _malloc_trim = fn
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim is False:
+    malloc_trim = _libc("malloc_trim", ctypes.c_size_t)
+    if malloc_trim is None:
         return False
-    _malloc_trim(0)
+    malloc_trim(0)
     return True
 
 
