@@ -12,6 +12,7 @@ from engines.kokoro.pacing import (
     JITTER_S,
     SAFETY,
     Pace,
+    first_gang_frames,
     next_window_frames,
     plan_first_end,
     simulate,
@@ -200,9 +201,10 @@ def test_a_gang_on_two_cores_starts_sooner_and_plays_through_where_one_core_cann
     assert two.gaps == 0
     assert two.start_s < 0.6 * one.start_s
     assert two_end < one_end
-    # the first window's 100 frames, shared: each of the two decodes 50 and its context
+    # the first window's 100 frames, shared: the first audio leaves when the first 50 are
+    # decoded (the sentence's start: context on the right only)
     first = simulate(300, 100, pace=gang, **kw)  # type: ignore[arg-type]
-    assert first.start_s == pytest.approx(gang.decode_s(50 + 2 * 2))
+    assert first.start_s == pytest.approx(gang.decode_s(50 + 2))
     # the same first gang, then one window at a time at 0.9: a later window runs dry
     alone_later = simulate(300, two_end, pace=gang, later=Pace.from_rtf(0.9 * SAFETY), **kw)  # type: ignore[arg-type]
     assert alone_later.gaps > 0
@@ -232,3 +234,42 @@ def test_the_simulation_decodes_every_frame_with_any_gang(
     assert fc.windows >= 1 and fc.gaps >= fc.inside >= 0 and fc.gap_s >= 0
     assert fc.decoded_frames >= n  # every frame, context on top
     assert fc.start_s <= Pace.from_rtf(rtf).decode_s(min(n, first) + 2) + 1e-9
+
+
+def test_a_first_window_shared_by_a_gang_puts_its_smallest_part_first() -> None:
+    assert first_gang_frames(20, 2) == [10, 10]
+    assert first_gang_frames(21, 2) == [10, 11]
+    assert first_gang_frames(7, 3) == [2, 3, 2]
+    assert first_gang_frames(2, 4) == [1, 1]  # at most one part per frame
+    assert first_gang_frames(9, 1) == [9]
+    for span in range(1, 60):
+        for gang in range(1, 5):
+            parts = first_gang_frames(span, gang)
+            assert sum(parts) == span and parts[0] == min(parts) and max(parts) - min(parts) <= 1
+
+
+def test_the_first_part_of_a_gang_must_be_heard_until_the_others_are_ready() -> None:
+    """The first audio leaves with the first part; its speech (after the trimmed pad)
+    must last until the gang's larger part is decoded, else that is a gap inside the
+    sentence (the later windows decode almost at once here, so only that gap counts)."""
+    kw = {
+        "context": 2,
+        "min_frames": 24,
+        "max_frames": MAX,
+        "ramp": 12,
+        "lead_skip": 20,
+        "decode_from": 14,
+        "later": Pace.from_rtf(0.01, gang=2),
+    }
+    # 17 frames from frame 14 shared as 8 + 9; 20 frames of pad are trimmed, so the first
+    # part is heard for 2 frames (50 ms): the second part's one frame more takes 27.5 ms
+    # at 1.1 compute s per audio s, 75 ms at 3.0
+    fast = simulate(300, 31, pace=Pace.from_rtf(1.1, gang=2), **kw)  # type: ignore[arg-type]
+    slow = simulate(300, 31, pace=Pace.from_rtf(3.0, gang=2), **kw)  # type: ignore[arg-type]
+    assert fast.start_s == pytest.approx(Pace.from_rtf(1.1).decode_s(8 + 4))
+    assert slow.start_s == pytest.approx(Pace.from_rtf(3.0).decode_s(8 + 4))
+    assert fast.gaps == 0
+    assert slow.inside == slow.gaps == 1 and slow.gap_s == pytest.approx(0.075 - 0.05)
+    # audio already queued ahead covers the whole first gang
+    queued = simulate(300, 31, pace=Pace.from_rtf(3.0, gang=2), ahead_s=5.0, **kw)  # type: ignore[arg-type]
+    assert queued.gaps == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -182,10 +183,15 @@ def test_speech_where_the_energy_predicted_silence_is_decoded_to_the_end(
 
 
 def speak_on_cores(
-    synth: KokoroSynthesizer, text: str, cores: int, call_id: int
+    synth: KokoroSynthesizer,
+    text: str,
+    cores: int,
+    call_id: int,
+    on_chunk: Callable[[], object] = lambda: None,
 ) -> list[npt.NDArray[np.float32]]:
     """``speak_at`` (a virtual clock at the pinned speed) with every unit granted
-    ``cores`` while the utterance is alone, as the runtime's pool does."""
+    ``cores`` while the utterance is alone, as the runtime's pool does; ``on_chunk``
+    runs as each chunk arrives."""
     state = CallState(call_id=call_id)
     now = [0.0]
     meter = PlaybackMeter(lambda: now[0])
@@ -199,6 +205,7 @@ def speak_on_cores(
                 chunk = next(gen)
             except StopIteration:
                 break
+            on_chunk()
             now[0] += 0.3 * len(chunk) / 24000
             meter.sent(len(chunk), now[0])
             out.append(chunk)
@@ -264,6 +271,34 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     # another window plan renders the same sentence (the decoder's noise differs per run):
     # about 1 dB; a gang joined out of order is not the same sentence
     assert spectral_distance(serial[:n], gang[:n]) < 2.0
+
+
+def test_a_gangs_first_window_is_heard_while_the_others_still_decode(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first audio leaves as soon as the gang's first window is decoded (``pacing``
+    Rule 3): a helper's decode of the sentence's first gang waits until the listener
+    has that audio. Were the gang yielded only when all its windows are ready, the
+    helper would wait in vain (until its timeout), and the audio would come after it."""
+    backend = spy(kokoro_synth)
+    decode = backend.decode
+    heard = threading.Event()
+    waited: list[bool] = []  # per helper decode of the first gang: released by the listener
+
+    def held(prosody: Any, start: int, end: int, *args: Any) -> npt.NDArray[np.float32]:
+        if threading.current_thread().name.startswith("kokoro-window") and not waited:
+            waited.append(heard.wait(timeout=30.0))
+        return decode(prosody, start, end, *args)
+
+    monkeypatch.setattr(backend, "decode", held)
+    monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
+    kokoro_synth._cache.clear()
+    try:
+        chunks = speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=25, on_chunk=heard.set)
+    finally:
+        heard.set()
+    assert waited == [True], "the first window was yielded before the helper's was decoded"
+    assert kokoro_synth.stats()["windows_parallel"] >= 2 and len(chunks) >= 3
 
 
 def foreign_graph(path: Path) -> Path:

@@ -275,3 +275,31 @@ def test_windows_end_at_the_speech_stop_and_never_after_the_sentence(
     loud = [i for i in range(n) if energy[i] > quiet]
     if loud and loud[-1] + 1 + tail > p.lead:  # every frame of speech energy is decoded
         assert p.n == min(n, loud[-1] + 1 + tail)
+
+
+def test_the_first_part_of_a_shared_first_window_ends_where_it_is_told() -> None:
+    """A gang's first part (``first_by``) never ends later than asked, even with a pause
+    just after, and a pause before it within reach is not taken either: it alone
+    delays the first audio, and the plan counted its frames."""
+    n = 200
+    energy = np.ones(n)
+    energy[[17, 20, 23]] = 0.0  # pauses around the wanted end
+    for lead, skip, at in ((10, 4, 19), (10, 4, 21), (13, 7, 15)):
+        p = WindowPlanner(
+            n,
+            energy,
+            [17, 20, 23],
+            lead_frames=lead,
+            first_frames=(4, 8),
+            search=2,
+            skip=skip,
+            cut_anywhere=True,
+            ramp=8,
+        )
+        w = p.next(first_at=at, first_by=at, rest=p.ramp)
+        assert w is not None and (w.start, w.end) == (skip, at)
+        free = WindowPlanner(
+            n, energy, [17, 20, 23], lead_frames=lead, first_frames=(4, 8), search=2, skip=skip
+        )
+        v = free.next(first_at=at, rest=8)
+        assert v is not None and v.end >= at  # without it the cut may move later

@@ -10,10 +10,12 @@ audio queued ahead (less ``JITTER_S``) has played; every window costs
 ``2 * context`` frames extra.
 Rule 3: a ``gang`` of windows is decoded at once, one per core (``Pace.gang``): each
 is sized by that rule at the speed of one core while the others are busy too, and
-all are ready together; when the rest of the sentence fits in one gang it is shared
-evenly between its windows (less wall time than one full window and a short one),
-and a first window decoded by a gang is shared evenly too (``simulate``: ``pace``
-with a ``gang``).
+the next gang starts when all are ready; when the rest of the sentence fits in one
+gang it is shared evenly between its windows (less wall time than one full window
+and a short one). A first window decoded by a gang is shared too
+(``first_gang_frames``), its first part the smallest: the first audio leaves as soon
+as that part is decoded, and the others must be ready before its audio has played
+(``simulate``: ``pace`` with a ``gang``).
 
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
@@ -83,6 +85,21 @@ def next_window_frames(
     return int(frames)
 
 
+def first_gang_frames(span: int, gang: int) -> list[int]:
+    """The frames of each window of a first window of ``span`` frames decoded by a
+    ``gang`` (Rule 3): shared evenly, the first part never the larger (it alone delays
+    the first audio), at most one part per frame."""
+    parts = max(1, min(gang, span))
+    head = span // parts
+    rest = span - head
+    out = [head]
+    for k in range(parts - 1, 0, -1):
+        share = math.ceil(rest / k)
+        out.append(share)
+        rest -= share
+    return out
+
+
 @dataclass(frozen=True)
 class Forecast:
     """What the simulation of one sentence's windows predicts."""
@@ -123,12 +140,20 @@ def simulate(
     first_end = max(1, min(first_end, n_frames))
     first_decoded = min(n_frames, first_end + context) - max(0, decode_from - context)
     decoded = first_decoded
-    t = pace.decode_s(decoded)
-    if pace.gang > 1:  # the first window's frames shared by a gang, decoded at once
-        span = max(1, first_end - decode_from)
-        parts = min(pace.gang, span)
-        decoded += 2 * context * (parts - 1)
-        t = min(t, pace.decode_s(math.ceil(span / parts) + 2 * context))
+    t = t_all = pace.decode_s(decoded)
+    head = first_end - decode_from  # frames of the part that comes first
+    if pace.gang > 1 and first_end - decode_from > 1:
+        # the first window's frames shared by a gang, decoded at once: its first part is
+        # played as soon as it is ready, the others must be ready before it has played
+        parts = first_gang_frames(first_end - decode_from, pace.gang)
+        each, lo = [], decode_from
+        for frames in parts:  # each part decoded with its context (none past the edges)
+            each.append(min(n_frames, lo + frames + context) - max(0, lo - context))
+            lo += frames
+        decoded = sum(each)
+        head = parts[0]
+        t = pace.decode_s(each[0])
+        t_all = pace.decode_s(max(each))
     gaps, gap_s = 0, 0.0
     if ahead_s is None:
         play_end = t  # the listener starts with the first window
@@ -137,9 +162,17 @@ def simulate(
         if t > play_end:
             gaps, gap_s, play_end = 1, t - play_end, t
     t_first = t
-    play_end += max(0, first_end - lead_skip) / FRAMES_PER_S
-    pos, windows = first_end, 1
     start_gaps = gaps
+    # the first part's audio (less the trimmed leading pad), then the rest of the window
+    heard = max(0, decode_from + head - lead_skip)
+    play_end += heard / FRAMES_PER_S
+    if t_all > play_end:
+        gaps += 1
+        gap_s += t_all - play_end
+        play_end = t_all
+    t = t_all
+    play_end += (max(0, first_end - lead_skip) - heard) / FRAMES_PER_S
+    pos, windows = first_end, 1
     smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
     while pos < n_frames:
         per = next_window_frames(play_end - t, step, context, n_frames - pos)

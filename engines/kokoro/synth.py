@@ -27,9 +27,11 @@ crossfade. The first ``next()`` runs the prosody pass and
 the first window; every later ``next()`` decodes one window. While the utterance is
 alone on the machine and that measures faster, a *gang* of windows, one per granted
 core, is decoded at once instead (``pacing`` Rule 3: helper threads, one intra-op
-thread each), the first window's frames shared between them too; the steps
-before a gang's decodes (the prosody pass, the frame stage) run on all its cores;
-each of its windows is then yielded in order, one per ``next()``. The cancel token
+thread each), the first window's frames shared between them too (its first part
+never the larger); the steps before a gang's decodes (the prosody pass, the frame
+stage) run on all its cores; each of its windows is then yielded in order, one per
+``next()``, as soon as it is decoded: the first audio does not wait for the gang's
+other windows. The cancel token
 is checked between windows and, through ``RunOptions.terminate``, inside each
 run. A graph that cannot be split (another export) or ``split=False`` runs each
 unit as one whole inference (logged once at load).
@@ -61,9 +63,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -107,7 +110,7 @@ from engines.kokoro.models import (
     sha256_file,
 )
 from engines.kokoro.norms import NormStats
-from engines.kokoro.pacing import Pace, next_window_frames, plan_first_end
+from engines.kokoro.pacing import Pace, first_gang_frames, next_window_frames, plan_first_end
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
 from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
 from engines.kokoro.voice_norms import VoiceNorms
@@ -914,13 +917,14 @@ class KokoroSynthesizer:
 
     def _first_gang(self, planner: WindowPlanner, first_at: int | None, gang: int) -> list[Window]:
         """The sentence's first window; with a ``gang``, that window's frames shared
-        evenly between ``gang`` windows decoded at once (``pacing`` Rule 3)."""
+        between ``gang`` windows decoded at once, the first part never the larger
+        (``pacing`` Rule 3: the first audio leaves when it is decoded)."""
         if gang == 1:
             w = planner.next(None, first_at=first_at)
             return [] if w is None else [w]
         end = first_at if first_at is not None else planner.lead + planner.first_frames[0]
-        each = math.ceil((end - planner.pos) / gang)
-        w = planner.next(None, first_at=planner.pos + each, rest=planner.ramp)
+        head = planner.pos + first_gang_frames(max(1, end - planner.pos), gang)[0]
+        w = planner.next(None, first_at=head, first_by=head, rest=planner.ramp)
         out: list[Window] = []
         while w is not None:
             out.append(w)
@@ -932,19 +936,26 @@ class KokoroSynthesizer:
 
     def _decode(
         self, gang: list[Window], prosody: Prosody, style: FloatArray, cancel: CancelToken
-    ) -> list[tuple[FloatArray, float]]:
-        """Each window's decoded audio and compute seconds, in order: one in this thread,
-        a gang's others at the same time in helper threads, one intra-op thread each
-        (after the frame stage has run for all of them, here, on all the gang's cores)."""
+    ) -> Generator[tuple[FloatArray, float, float], None, None]:
+        """Each window's decoded audio, compute seconds and the ``perf_counter`` time its
+        decode ended, in order, each as soon as it is ready: one in this thread, a gang's
+        others at the same time in helper threads, one intra-op thread each (after the
+        frame stage has run for all of them, here, on all the gang's cores). No decode
+        outlives the iterator: closing it waits for the helpers (a cancelled unit's
+        runs end at their next node)."""
         backend = cast(SplitBackend, self._backend)
-        if len(gang) == 1:
-            w = gang[0]
-            # the first window's frame stage runs on its own frames; each later one's on
-            # the next windows' too (one run per FRAME_AHEAD frames)
-            ahead = FRAME_AHEAD if w.index > 0 else 0
+
+        def one(w: Window, ahead: int = 0) -> tuple[FloatArray, float, float]:
             t_d = time.perf_counter()
             audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel, ahead)
-            return [(audio, time.perf_counter() - t_d)]
+            done = time.perf_counter()
+            return audio, done - t_d, done
+
+        if len(gang) == 1:
+            # the first window's frame stage runs on its own frames; each later one's on
+            # the next windows' too (one run per FRAME_AHEAD frames)
+            yield one(gang[0], FRAME_AHEAD if gang[0].index > 0 else 0)
+            return
         if isinstance(backend, PreparedBackend):
             start, end = gang[0].ctx_start, gang[-1].ctx_end
             # on all the gang's cores: nothing else runs on them until it is done
@@ -954,20 +965,14 @@ class KokoroSynthesizer:
                 backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
             finally:
                 set_unit_grant(grant)
-
-        def one(w: Window) -> tuple[FloatArray, float]:
-            t_d = time.perf_counter()
-            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
-            return audio, time.perf_counter() - t_d
-
         helpers = self._helper_pool()
-        futures: list[Future[tuple[FloatArray, float]]] = [helpers.submit(one, w) for w in gang[1:]]
+        futures = [helpers.submit(one, w) for w in gang[1:]]
         try:
-            head = one(gang[0])
-        except BaseException:
-            wait_all(futures)  # no decode outlives its unit
-            raise
-        return [head, *(f.result() for f in futures)]
+            yield one(gang[0])
+            for f in futures:
+                yield f.result()
+        finally:
+            wait_all(futures)
 
     def _helper_pool(self) -> ThreadPoolExecutor:
         with self._stats_lock:
@@ -1039,41 +1044,50 @@ class KokoroSynthesizer:
                 threads = 1 if many else self._threads_for(grant)
                 crowded = many or _crowded(grant)  # a gang's windows keep every core busy
                 t_g = time.perf_counter()
-                decoded = self._decode(gang, prosody, style, cancel)
-                gang_s = time.perf_counter() - t_g
                 frames = sum(w.decoded_frames for w in gang)
-                if many:  # the gang is ready when its slowest window is: pace by that
+                # (window, compute, when its decode ended, compute of a decode again to the end)
+                done: list[tuple[Window, float, float, float]] = []
+                with closing(self._decode(gang, prosody, style, cancel)) as decoded:
+                    for w, (audio, compute, at) in zip(gang, decoded, strict=True):
+                        done.append((w, compute, at, 0.0))
+                        unrendered = w.last and planner.cut_tail > 0
+                        if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
+                            # speech where the energy predicted silence: decode to the end
+                            log.info("window_tail_extended", call_id=state.call_id, at=w.end)
+                            t_d = time.perf_counter()
+                            w = replace(w, end=planner.total, ctx_end=planner.total)
+                            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+                            again = time.perf_counter() - t_d
+                            compute += again
+                            done[-1] = (w, compute, at, again)
+                            unrendered = False
+                        if not many:
+                            self._speed.update(
+                                threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
+                            )
+                        raw = window_piece(audio, w, CROSSFADE_SAMPLES)
+                        piece = self._unit_edges(
+                            raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
+                        )
+                        if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
+                            # a last window in the trailing silence: the join keeps its
+                            # crossfade and the fade-out comes after it, not on it
+                            piece = raw[: 2 * CROSSFADE_SAMPLES]
+                        out = joiner.push(piece)
+                        if w.last:
+                            out = np.concatenate([out, joiner.finish()])
+                        cancel.raise_if_cancelled()
+                        emitted += len(out)
+                        yield out  # a gang's first window while the others still decode
+                # the gang was ready when its slowest window was: its wall time on its
+                # cores paces the next gangs, and is its windows' inference time, as a
+                # wide session's is counted (shared by their frames)
+                gang_s = max(at for _, _, at, _ in done) - t_g
+                if many:
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
                     self._speed.update(1, longest, gang_s, crowded=True)
-                for w, (audio, compute) in zip(gang, decoded, strict=True):
-                    # inference time, as a wide session's is counted: the gang's wall
-                    # time on its cores, shared by its windows' frames
-                    spent = gang_s * w.decoded_frames / frames if many else compute
-                    unrendered = w.last and planner.cut_tail > 0
-                    if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
-                        # speech where the energy predicted silence: decode to the end
-                        log.info("window_tail_extended", call_id=state.call_id, at=w.end)
-                        t_d = time.perf_counter()
-                        w = replace(w, end=planner.total, ctx_end=planner.total)
-                        audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
-                        again = time.perf_counter() - t_d
-                        compute, spent = compute + again, spent + again
-                        unrendered = False
-                    if not many:
-                        self._speed.update(
-                            threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
-                        )
-                    raw = window_piece(audio, w, CROSSFADE_SAMPLES)
-                    piece = self._unit_edges(
-                        raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
-                    )
-                    if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
-                        # a last window in the trailing silence: the join keeps its
-                        # crossfade and the fade-out comes after it, not on it
-                        piece = raw[: 2 * CROSSFADE_SAMPLES]
-                    out = joiner.push(piece)
-                    if w.last:
-                        out = np.concatenate([out, joiner.finish()])
+                for w, compute, _, again in done:
+                    spent = gang_s * w.decoded_frames / frames + again if many else compute
                     self._count(
                         windows=1,
                         decode_ms=spent * 1000,
@@ -1093,9 +1107,6 @@ class KokoroSynthesizer:
                         threads=threads,
                         parallel=len(gang),
                     )
-                    cancel.raise_if_cancelled()
-                    emitted += len(out)
-                    yield out
                 gang = self._next_gang(planner, state, shape.context)
 
     def _plan_start(

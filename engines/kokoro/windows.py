@@ -290,12 +290,19 @@ class WindowPlanner:
         return [e for e in ends if e < self.n]
 
     def next(
-        self, budget: int | None = None, *, first_at: int | None = None, rest: int | None = None
+        self,
+        budget: int | None = None,
+        *,
+        first_at: int | None = None,
+        first_by: int | None = None,
+        rest: int | None = None,
     ) -> Window | None:
         """The next window; ``budget`` frames of audio wanted (None: as large as allowed).
 
         ``first_at``: the first window ends no earlier than this frame (the start
-        planner's choice on a slow CPU; default: the ``first_frames`` range).
+        planner's choice on a slow CPU; default: the ``first_frames`` range);
+        ``first_by``: nor later than this one (the first part of a first window that a
+        gang shares: it alone delays the first audio).
         ``rest``: the smallest window that may be left after this one (default
         ``min_frames``; at least ``ramp``): windows decoded at once, each on its own
         core, are better even than one of them taking the rest."""
@@ -306,9 +313,13 @@ class WindowPlanner:
             lo, hi = self.lead + self.first_frames[0], self.lead + self.first_frames[1]
             if first_at is not None and first_at > lo:
                 lo, hi = first_at, first_at + (hi - lo)
+            if first_by is not None:
+                hi = max(self.pos + 1, first_by)
+                lo = min(lo, hi)
             if self.n - lo < least:  # short sentence: the first window is all of it
                 return self._emit(self.n)
-            return self._emit(self._cut(lo, hi, (lo, self.n - least)))
+            latest = self.n - least if first_by is None else min(hi, self.n - least)
+            return self._emit(self._cut(lo, hi, (lo, latest)))
         want = self.max_frames if budget is None else budget
         want = max(self.ramp, min(want, self.max_frames))
         if self.remaining - want < least:
