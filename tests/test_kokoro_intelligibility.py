@@ -16,11 +16,21 @@ model file, voice (``jf_alpha``), style row and phonemes:
 
 All of ours run the shipped int8 decoder (``plan="int8"``), the graph kokoro-onnx runs:
 the plan a machine calibrates depends on its speed, and a float decoder's audio, within
-the model's precision, moved the count by two words. The whole-utterance mode may come
-back at most one word error worse than kokoro-onnx over the set, the windowed modes at
-most three (the goal, one, is an expected failure: measured 3-4 against 2). The
-sentences start with short words on purpose ("Hello, how", "Please hold", "Yes, I"):
-the whole-utterance mode used to cut them (README "Edge silence").
+the model's precision, moved the count by two words. The sentences start with short
+words on purpose ("Hello, how", "Please hold", "Yes, I"): the whole-utterance mode used
+to cut them (README "Edge silence").
+
+**Framing.** The recogniser's answer for a borderline word depends on where the clip
+ends: our whole-utterance audio is sample for sample kokoro-onnx's before either trims
+its edges, yet "call" was heard as "call" in one and "core" in the other; kokoro-onnx's
+own audio cut 0.05, 0.1, 0.15, 0.2, 0.3 and 0.5 s after its speech was heard "car",
+"core", "call", "call", "core", "call". So every mode's audio is heard at the same
+``FRAMINGS`` (from 50 ms before its speech, by one trimmer, to each of those lengths
+after it, silence added where the audio is shorter) and its word errors are summed
+over them: the comparison is of the speech, not of where each mode's silence ends.
+The whole-utterance mode may come back at most one word error per framing worse than
+kokoro-onnx, the windowed modes at most three (the goal, one, is an expected failure:
+measured 4.0 against 2.5 per framing).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import pytest
 from asr_helpers import asr_available, normalize_words, transcribe, wer
 from kokoro_helpers import shared_models_dir, speak_at
 
+from engines.kokoro.audio import speech_bounds
 from engines.kokoro.models import DEFAULT_VOICE, KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.runtime.synth import FloatArray
@@ -61,6 +72,9 @@ SENTENCES = (
 )
 MODES = ("kokoro-onnx", "streamed", "smallest", "whole")
 ASSUMED_RTF = 0.3  # decode compute s per audio s that the window plans assume
+#: Where each clip heard by the recogniser ends: seconds after its speech (module docstring)
+FRAMINGS = (0.05, 0.15, 0.3, 0.5)
+LEAD_S = 0.05  # and where it starts: this long before its speech
 
 
 def engine(models_dir: Path, **options: Any) -> Iterator[KokoroSynthesizer]:
@@ -117,6 +131,17 @@ def kokoro_onnx(models_dir: Path) -> Any:
         return Kokoro.from_session(session, str(voices), vocab_config=str(vocab))
 
 
+def framed(audio: FloatArray, tail_s: float, rate: int = 24000) -> FloatArray:
+    """``audio`` from ``LEAD_S`` before its speech to ``tail_s`` after it (silence added
+    where the audio ends sooner): every mode's speech framed alike for the recogniser."""
+    bounds = speech_bounds(audio)
+    assert bounds is not None, "no speech"
+    start, end = bounds
+    stop = end + round(tail_s * rate)
+    clip = audio[max(0, start - round(LEAD_S * rate)) : stop]
+    return np.concatenate([clip, np.zeros(max(0, stop - len(audio)), np.float32)])
+
+
 def speak(synth: KokoroSynthesizer, text: str, call_id: int) -> list[FloatArray]:
     # the listener's clock runs at the pinned speed too: the plan is the same on any machine
     return speak_at(synth, text, ASSUMED_RTF, call_id)
@@ -162,42 +187,51 @@ def heard(
         }
         n = len(normalize_words(text))
         words += n
-        said = {m: transcribe(a) for m, a in audio.items()}
-        errs = {m: round(wer(text, said[m]) * n) for m in MODES}
         for m in MODES:
-            errors[m] += errs[m]
-        rows.append(
-            " ".join(f"{errs[m]:>2}" for m in MODES)
-            + f"  {text!r}: "
-            + " | ".join(repr(said[m]) for m in MODES)
-        )
+            heard_as = [transcribe(framed(audio[m], tail)) for tail in FRAMINGS]
+            errs = [round(wer(text, said) * n) for said in heard_as]
+            errors[m] += sum(errs)
+            wrong = sorted({said for said, e in zip(heard_as, errs, strict=True) if e})
+            heard_wrong = " / ".join(repr(w) for w in wrong)
+            rows.append(f"{m:>12} {errs} {text!r}" + (f" heard as {heard_wrong}" if wrong else ""))
     totals = ", ".join(f"{m} {errors[m]}" for m in MODES)
-    table = "\n".join(["word errors: " + " ".join(MODES), *rows, f"of {words} words: {totals}"])
+    table = "\n".join(
+        [
+            f"word errors at each framing {FRAMINGS} (s of audio after the speech)",
+            *rows,
+            f"of {words} words x {len(FRAMINGS)} framings: {totals}",
+        ]
+    )
     print(table)
     return Heard(errors, words, table)
 
 
+def margin(words_per_framing: int) -> int:
+    """Word errors more than kokoro-onnx's allowed over all ``FRAMINGS``."""
+    return words_per_framing * len(FRAMINGS)
+
+
 def test_whole_utterance_mode_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
-    assert heard.errors["whole"] <= heard.errors["kokoro-onnx"] + 1, heard.table
+    assert heard.errors["whole"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
 
 
 def test_streamed_speech_loses_at_most_a_few_words_more_than_kokoro_onnx(heard: Heard) -> None:
     # a guard against regressions: with the voice's instance-norm statistics the windows
-    # were heard with 1-2 errors more than kokoro-onnx (each window's own: 6); the goal (at
-    # most one more) is the expected failure below
-    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + 3, heard.table
-    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + 3, heard.table
+    # were heard with 1.5 errors more than kokoro-onnx per framing (each window's own
+    # statistics: 6 more); the goal (at most one more) is the expected failure below
+    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
+    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
 
 
 @pytest.mark.xfail(
-    strict=False,  # at the boundary: 3-4 of 105 in runs of the same code
+    strict=False,
     reason="windows with the voice's pooled instance-norm statistics, int8 decoder: streamed "
-    "3-4 and 32-frame windows 3-4 word errors vs kokoro-onnx 2 of 105. 'spell' heard as "
-    "'spare' is the statistics (each sentence's own: 'spell'; pooled over frames, per "
-    "sentence or at the sentence's style row: 'spare'); 'call' heard as 'core' is the "
-    "silence after it (kokoro-onnx's own audio followed by 0.3 s of silence, as the "
-    "engine's stream ends, is heard 'core' too)",
+    "and 32-frame windows 4.0 word errors of 105 per framing vs kokoro-onnx 2.5 and the "
+    "whole-utterance mode 2.0. 'spell' heard as 'spare' is the statistics (each sentence's "
+    "own: 'spell'; pooled over frames, per sentence or at the sentence's style row: "
+    "'spare'); 'due' heard as 'to' as kokoro-onnx is heard, where the whole-utterance "
+    "mode is not",
 )
 def test_streamed_speech_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
-    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + 1, heard.table
-    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + 1, heard.table
+    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
+    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
