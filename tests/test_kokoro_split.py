@@ -357,3 +357,45 @@ def test_a_graph_that_cannot_be_split_falls_back_to_whole_utterances(tmp_path: P
     assert len(audio) > 0 and rms(audio) > 0.05
     assert synth.stats()["windows"] == 0 and synth.stats()["units"] >= 1
     synth.close()
+
+
+#: Sentences whose first sound starts early and late in the leading pad (jf_alpha).
+ONSET_TEXTS = (
+    "Hello, how can I help you today?",
+    "Sorry, I did not catch that, could you say it again please?",
+    "See you on Monday at ten in the morning, as agreed.",
+    "Shall I book the appointment for you right now?",
+    "Zero, one, two, three, four, five and six.",
+    "Thank you for calling, your order will arrive on Thursday.",
+)
+
+
+def test_the_first_sound_is_decoded_and_little_silence_before_it(
+    kokoro_synth: KokoroSynthesizer,
+) -> None:
+    """The first window starts a few frames before the sentence's first sound, as the
+    whole sentence renders it: never after it (a first word cut), and not far before it
+    (silent frames decoded before the first audio)."""
+    backend = spy(kokoro_synth)
+    voice = kokoro_synth.default_voice
+    norms = kokoro_synth.voice_norms(voice)
+    assert norms is not None
+    cancel = CancelToken()
+    before = []
+    for i, text in enumerate(ONSET_TEXTS):
+        tokens = tokens_of(kokoro_synth, text)
+        style = kokoro_synth._voices[voice][len(tokens) - 1]
+        prosody = replace(backend.prosody(tokens, style, 1.0, cancel), norms=norms)
+        pad = int(prosody.durations[0])
+        backend.prepare(prosody, 0, pad + 12, style, cancel)
+        sound = speech_bounds(backend.decode(prosody, 0, pad + 12, style, cancel))
+        assert sound is not None
+        backend.clear()
+        kokoro_synth._cache.clear()  # decoded now, not the prompt cache's copy
+        speak(kokoro_synth, text, CallState(call_id=40 + i))
+        ctx_start = backend.windows[0][0]
+        kept = ctx_start + windows.FIXED_CONTEXT_FRAMES if ctx_start else 0
+        before.append(sound[0] / FRAME_SAMPLES - kept)
+    assert min(before) >= 1.0, f"frames kept before the first sound: {before}"
+    # (6 frames before the pad's end, whatever the energy: 1.6-5.0 frames, median 2.7)
+    assert np.median(before) <= 2.5, f"frames kept before the first sound: {before}"

@@ -10,10 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engines.kokoro.windows import (
+    FIXED_STATS_SHAPE,
     FRAME_SAMPLES,
+    OWN_STATS_SHAPE,
     Window,
     WindowPlanner,
     boundary_frames,
+    first_speech,
     speech_stop,
     window_piece,
 )
@@ -303,3 +306,20 @@ def test_the_first_part_of_a_shared_first_window_ends_where_it_is_told() -> None
         )
         v = free.next(first_at=at, rest=8)
         assert v is not None and v.end >= at  # without it the cut may move later
+
+
+def test_the_kept_audio_starts_a_little_before_the_first_frame_of_speech_energy() -> None:
+    shape = FIXED_STATS_SHAPE
+    assert shape.lead is not None and shape.onset is not None
+    energy = np.full(120, -9.0)
+    energy[20:] = 8.0  # the pad ends at 22; speech energy from frame 20
+    assert first_speech(energy) == 20
+    assert shape.skip(22, first_speech(energy)) == 20 - shape.onset
+    energy[16:20] = 8.0  # an earlier onset: decoded from earlier, past the pad's fixed lead
+    assert shape.skip(22, first_speech(energy)) == 16 - shape.onset
+    energy[:] = -9.0
+    energy[40:] = 8.0  # speech energy only after the pad: still the pad's last frames
+    assert shape.skip(22, first_speech(energy)) == 22 - shape.lead
+    assert first_speech(np.zeros(50)) is None
+    assert shape.skip(22, None) == 0, "no speech energy: all of the pad is decoded"
+    assert OWN_STATS_SHAPE.skip(22, 20) == 0, "own statistics: the pad is decoded whole"

@@ -125,6 +125,7 @@ from engines.kokoro.windows import (
     WindowPlanner,
     WindowShape,
     boundary_frames,
+    first_speech,
     window_piece,
 )
 from engines.runtime.cpus import available_cpus
@@ -1017,9 +1018,10 @@ class KokoroSynthesizer:
                 prosody = backend.with_features(prosody, style, cancel)
             prosody_s = time.perf_counter() - t_p
             self._count(units=1, prosody_ms=prosody_s * 1000)
+            energy = prosody.frame_energy()
             planner = WindowPlanner(
                 prosody.n_frames,
-                prosody.frame_energy(),
+                energy,
                 boundary_frames(prosody.durations, unit.tokens, self._boundary_ids),
                 lead_frames=int(prosody.durations[0]),
                 first_frames=shape.first,
@@ -1027,7 +1029,7 @@ class KokoroSynthesizer:
                 max_frames=cfg.max_window,
                 context=shape.context,
                 search=shape.search,
-                skip=shape.skip(int(prosody.durations[0])),
+                skip=shape.skip(int(prosody.durations[0]), first_speech(energy)),
                 cut_anywhere=shape.cut_anywhere,
                 ramp=shape.ramp,
                 tail=shape.tail,
