@@ -196,15 +196,29 @@ def pieces(stats: dict[str, float], prefix: str = "") -> float:
 
 
 def run_direct(args: argparse.Namespace, model: Path, mdir: Path) -> tuple[list[list[Row]], str]:
+    """In this process; ``--slow``, ``--plan``, ``--parallel-windows`` and
+    ``--engine-threads`` apply as through the dock (a quota slows this process, and so
+    the synthesizer and the baselines alike)."""
+    with slowed(args.slow_mode, args.slow) as how:
+        print(how, flush=True)
+        return _direct_measure(args, model, mdir)
+
+
+def _direct_measure(
+    args: argparse.Namespace, model: Path, mdir: Path
+) -> tuple[list[list[Row]], str]:
     rss0 = peak_rss_mb()
+    windows = args.parallel_windows
     synth = KokoroSynthesizer(
         KokoroConfig(
             models_dir=mdir,
-            threads=args.threads or available_cpus(),
+            threads=args.engine_threads or KokoroConfig.threads,  # the engine's default
             prompt_cache_mb=0,
             split=not args.no_split,
             voice_norms=not args.no_voice_norms,
             edge_cap=args.edge_cap,
+            plan=args.plan or "auto",
+            parallel_windows=None if windows in (None, "auto") else int(windows),
         )
     )
     synth.load()
