@@ -21,7 +21,8 @@ from kokoro_helpers import (
 )
 
 from engines.kokoro.models import ModelFileError
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.kokoro.pacing import SAFETY
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer, _DecodeSpeed
 from engines.kokoro.windows import FIXED_STATS_SHAPE
 from engines.runtime.synth import (
     SAMPLE_RATE,
@@ -338,3 +339,22 @@ def test_windows_follow_the_decode_speed_and_a_slow_cpu_starts_later(
         assert first_kept > lead_hi  # started later than the default first window
     else:  # one window: the whole sentence from inside its leading pad
         assert len(windows) == 1 and windows[0][1] == n and windows[0][0] <= 10
+
+
+def test_the_start_margin_follows_how_much_slower_than_estimated_the_decodes_ran(
+    kokoro_synth: KokoroSynthesizer,
+) -> None:
+    """The engine's speed estimates feed ``pacing.Surprise``: decodes at the estimate
+    keep the fixed margin, decodes a third slower than it raise the margin, and the
+    first decode after the prior (nothing measured yet) counts for nothing."""
+    speed = _DecodeSpeed(prior=0.5)
+    speed.update(1, 1.0, 5.0)  # against the prior: not a surprise
+    assert speed.safety() == SAFETY
+    speed.seed(1, 0.5)
+    for _ in range(10):
+        speed.update(1, 1.0, 0.5)
+    assert speed.safety() == SAFETY
+    for _ in range(6):
+        speed.update(1, 1.0, speed.rtf(1) * 1.35)
+    assert speed.safety() > SAFETY + 0.2
+    assert kokoro_synth.stats()["decode_safety"] >= SAFETY

@@ -10,8 +10,10 @@ from engines.kokoro.pacing import (
     BUSY_WINDOW_S,
     HEADROOM,
     JITTER_S,
+    MAX_SAFETY,
     SAFETY,
     Pace,
+    Surprise,
     first_gang_frames,
     next_window_frames,
     plan_first_end,
@@ -30,6 +32,38 @@ def test_window_is_ready_when_the_headroom_share_of_the_queue_has_played() -> No
     shared = next_window_frames(2.0, Pace.from_rtf(0.5, shared=True), CTX)
     assert pace.decode_s(shared + 2 * CTX) <= BUSY_WINDOW_S + pace.frame_s
     assert next_window_frames(-1.0, pace, CTX) < 0  # an underrun: the caller clamps it
+
+
+def test_a_window_alone_takes_the_whole_rest_only_when_that_is_ready_in_time() -> None:
+    pace = Pace.from_rtf(1.0)  # 25 ms of decoding per frame
+    ahead, ctx, least = 1.3, 2, 24
+    budget = next_window_frames(ahead, pace, ctx)
+    assert budget == 36  # (1.3 * 0.85 - 0.1) / 0.025 - 4
+    # a rest of 39 leaves fewer than ``least``: the planner takes it whole, and that is
+    # decoded before HEADROOM of the queue has played (the jitter reserve goes to it)
+    assert next_window_frames(ahead, pace, ctx, 39, least) == budget
+    # a rest of 53 taken whole would be late: leave ``least`` for a last window
+    assert next_window_frames(ahead, pace, ctx, 53, least) == 53 - least
+    # a rest that leaves at least ``least`` behind is not the planner's concern
+    assert next_window_frames(ahead, pace, ctx, 70, least) == budget
+    # a gang shares the rest evenly instead (Rule 3)
+    gang = Pace(pace.frame_s, gang=2)
+    assert next_window_frames(ahead, gang, ctx, 53, least) == 27
+
+
+@pytest.mark.parametrize("rtf", [1.0, 1.1, 1.17])
+@pytest.mark.parametrize("lead", [5, 8, 10])
+def test_near_real_time_the_last_windows_keep_up_instead_of_taking_the_rest_whole(
+    rtf: float, lead: int
+) -> None:
+    # measured in a 1-CPU quota: a 2.8 s sentence whose second window took the whole
+    # 53-frame rest at a 35-frame budget and stuttered (0.15-0.29 s); the rule now
+    # leaves a last window instead, and the same start plays through
+    fc = simulate(
+        114, 61, pace=Pace.from_rtf(rtf), context=2, min_frames=24, max_frames=200,
+        lead_skip=lead, decode_from=5, ramp=12,
+    )  # fmt: skip
+    assert fc.gaps == 0 and fc.windows == 3
 
 
 def test_fast_decoding_starts_at_the_first_candidate_with_no_gap() -> None:
@@ -77,6 +111,57 @@ def test_near_real_time_the_start_moves_later_and_then_plays_through() -> None:
         300, 20, pace=Pace(pace.frame_s * SAFETY), context=CTX, min_frames=MIN, max_frames=MAX
     )
     assert greedy.gaps > 0
+
+
+def test_the_margin_stays_while_decodes_run_as_estimated_and_grows_while_they_run_slower() -> None:
+    steady = Surprise()
+    for k in range(40):  # a steady box: a few per cent either side of the estimate
+        steady.add(1.0, 1.05 if k % 2 else 0.95)
+    assert steady.safety() == SAFETY
+    swinging = Surprise()
+    for k in range(12):  # a shared host: a third slower than estimated, often
+        swinging.add(0.9, 1.2 if k % 3 else 0.85)
+    assert 1.4 < swinging.safety() <= MAX_SAFETY
+    faster = Surprise()
+    for _ in range(20):  # decodes faster than their estimate never lower the margin
+        faster.add(1.0, 0.5)
+    assert faster.safety() == SAFETY
+    for _ in range(40):  # the margin comes back down once decodes run as estimated
+        swinging.add(1.0, 1.0)
+    assert swinging.safety() == SAFETY
+
+
+def test_the_margin_is_bounded_and_ignores_what_is_not_a_speed() -> None:
+    s = Surprise()
+    for bad in (float("nan"), float("inf"), -1.0):
+        s.add(1.0, bad)
+        s.add(bad, 1.0)
+    s.add(0.0, 1.0)
+    assert s.safety() == SAFETY
+    for _ in range(30):
+        s.add(0.1, 10.0)  # 100 times slower than estimated
+    assert s.safety() == MAX_SAFETY
+
+
+def test_the_larger_margin_keeps_a_sentence_gap_free_when_decoding_runs_slower_than_measured() -> (
+    None
+):
+    # planned at the measured speed with the fixed margin, the sentence stutters when the
+    # next seconds decode a third slower; with the margin of a box that has been that
+    # much slower than estimated, it starts later and plays through at the slower speed
+    measured = Pace.from_rtf(0.8)
+    actual = Pace(measured.frame_s * 1.35)
+    cands = list(range(20, 300, 2))
+    kw = {"context": CTX, "min_frames": MIN, "max_frames": MAX}
+    fixed, _ = plan_first_end(300, cands, pace=measured, **kw)  # type: ignore[arg-type]
+    assert simulate(300, fixed, pace=actual, **kw).gaps > 0  # type: ignore[arg-type]
+    swinging = Surprise()
+    for _ in range(6):
+        swinging.add(0.8, 0.8 * 1.35)
+    margin = swinging.safety()
+    later, fc = plan_first_end(300, cands, pace=measured, safety=margin, **kw)  # type: ignore[arg-type]
+    assert fc.gaps == 0 and later > fixed
+    assert simulate(300, later, pace=actual, **kw).gaps == 0  # type: ignore[arg-type]
 
 
 def test_longest_bounds_the_first_window_and_reports_the_gaps_it_leaves() -> None:

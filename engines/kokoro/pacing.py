@@ -17,6 +17,11 @@ and a short one). A first window decoded by a gang is shared too
 as that part is decoded, and the others must be ready before its audio has played
 (``simulate``: ``pace`` with a ``gang``).
 
+Rule 4: the start planner's margin follows the machine: ``SAFETY`` times the measured
+speed where decodes run as estimated, more while they run slower than estimated
+(``Surprise``): on a host whose speed swings by a third within seconds, a sentence
+planned at 1.2 times the last speed stuttered when the next seconds ran slower still.
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -42,8 +47,17 @@ from engines.kokoro.windows import FRAMES_PER_S
 #: the windows win.
 HEADROOM = 0.85
 JITTER_S = 0.1  # scheduling and measurement noise kept in reserve (s)
-#: The start planner assumes decoding this much slower than measured.
+#: The start planner assumes decoding this much slower than measured, at least ...
 SAFETY = 1.2
+#: ... and more where the machine's speed varies (a shared cloud host, a noisy
+#: neighbour): 1 + this many times the recent decodes' mean excess over the estimate they
+#: ran against (``Surprise``; on a steady box 0.02-0.08, so ``SAFETY`` holds) ...
+SURPRISE_WEIGHT = 2.0
+#: ... up to this much (beyond it the start would come too late to matter).
+MAX_SAFETY = 2.0
+#: Weight of the newest decode in ``Surprise``: a burst of slow decodes raises the
+#: margin within a window or two and it decays over about ten steady ones.
+SURPRISE_ALPHA = 0.2
 #: While other utterances are in progress, one window's decode is kept to about this
 #: long, so the scheduler can interleave other calls' windows (a unit cannot be
 #: preempted).
@@ -70,18 +84,59 @@ class Pace:
         return frames * self.frame_s
 
 
+class Surprise:
+    """How much slower than their estimate the recent decodes ran: an exponential moving
+    average (from 0) of ``max(0, actual / estimate - 1)`` per decode; one faster than
+    its estimate adds 0. ``safety`` is the start planner's margin from it (Rule 4)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def add(self, estimate: float, actual: float) -> None:
+        """One decode that ran at ``actual`` compute s per audio s where ``estimate``
+        was expected (a nonpositive estimate or a nonfinite or negative actual is
+        ignored)."""
+        if not (estimate > 0 and math.isfinite(estimate)) or not (
+            actual >= 0 and math.isfinite(actual)
+        ):
+            return
+        excess = max(0.0, actual / estimate - 1.0)
+        self.value = (1 - SURPRISE_ALPHA) * self.value + SURPRISE_ALPHA * excess
+
+    def safety(self) -> float:
+        """``SAFETY``, or more while decodes run slower than estimated, up to ``MAX_SAFETY``."""
+        return min(MAX_SAFETY, max(SAFETY, 1.0 + SURPRISE_WEIGHT * self.value))
+
+
 def next_window_frames(
-    ahead_s: float, pace: Pace, context: int, remaining: int | None = None
+    ahead_s: float,
+    pace: Pace,
+    context: int,
+    remaining: int | None = None,
+    least: int | None = None,
 ) -> int:
     """Frames the next window may keep so that it is ready before ``HEADROOM`` of the
     ``ahead_s`` queued audio, less ``JITTER_S``, has played (may be <= 0: the caller
     clamps it). With a ``gang``, each of its windows (Rule 3): no more than an even
-    share of the ``remaining`` frames."""
+    share of the ``remaining`` frames.
+
+    ``least``: the smallest window the planner leaves behind (``WindowPlanner.next``
+    takes all the ``remaining`` frames rather than leave fewer). A window decoded alone
+    takes that whole rest only when it is ready before ``HEADROOM`` of the queued audio
+    has played (the ``JITTER_S`` reserve may go to it); else it leaves ``least`` frames
+    for a last window (a rest of 53 frames taken whole by a 35-frame budget stuttered
+    for 0.15-0.29 s on a CPU near real time)."""
     frames = (ahead_s * HEADROOM - JITTER_S) / pace.frame_s - 2 * context
     if pace.shared:
         frames = min(frames, BUSY_WINDOW_S / pace.frame_s - 2 * context)
     if pace.gang > 1 and remaining is not None:
         frames = min(frames, math.ceil(remaining / pace.gang))
+    elif remaining is not None and least is not None and frames < remaining < frames + least:
+        whole_rest_by = ahead_s * HEADROOM / pace.frame_s - 2 * context
+        if remaining > whole_rest_by:
+            frames = remaining - least
     return int(frames)
 
 
@@ -175,7 +230,7 @@ def simulate(
     pos, windows = first_end, 1
     smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
     while pos < n_frames:
-        per = next_window_frames(play_end - t, step, context, n_frames - pos)
+        per = next_window_frames(play_end - t, step, context, n_frames - pos, min_frames)
         slowest = 0  # the gang's windows are ready when its largest one is
         kept = 0
         for _ in range(step.gang):
@@ -223,17 +278,19 @@ def plan_first_end(
     decode_from: int = 0,
     ramp: int | None = None,
     later: Pace | None = None,
+    safety: float = SAFETY,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
-    for which the simulation, at ``SAFETY`` times the measured speed, predicts no gap;
+    for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
+    ``Surprise.safety`` on a machine whose speed varies), predicts no gap;
     else the whole sentence (or ``longest`` frames when the first window may not
     exceed that). When audio is already queued and no plan is gap-free, the earliest
     plan whose only gap is before the sentence's first audio (it starts late, then
     plays through) comes before a longer first window. The gaps predicted for the
     choice come with it. ``later``: the speed of the windows after the first
     (``simulate``)."""
-    safe = Pace(pace.frame_s * SAFETY, pace.shared, pace.gang)
-    safe_later = None if later is None else Pace(later.frame_s * SAFETY, later.shared, later.gang)
+    safe = Pace(pace.frame_s * safety, pace.shared, pace.gang)
+    safe_later = None if later is None else Pace(later.frame_s * safety, later.shared, later.gang)
 
     def run(end: int) -> Forecast:
         return simulate(

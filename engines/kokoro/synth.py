@@ -110,7 +110,14 @@ from engines.kokoro.models import (
     sha256_file,
 )
 from engines.kokoro.norms import NormStats
-from engines.kokoro.pacing import Pace, first_gang_frames, next_window_frames, plan_first_end
+from engines.kokoro.pacing import (
+    SAFETY,
+    Pace,
+    Surprise,
+    first_gang_frames,
+    next_window_frames,
+    plan_first_end,
+)
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
 from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
 from engines.kokoro.voice_norms import VoiceNorms
@@ -290,11 +297,14 @@ class _DecodeSpeed:
     intra-op thread count (a window decoded with more threads is faster) and per
     crowding: a unit that runs while other utterances are in progress shares the
     machine with their units, and on cores that share execution units (SMT) each is
-    then far slower than alone (``plans``' crowded measurement)."""
+    then far slower than alone (``plans``' crowded measurement). How much slower than
+    its estimate each decode ran is kept too (``pacing.Surprise``): the start
+    planner's margin."""
 
     def __init__(self, prior: float = DECODE_RTF_PRIOR) -> None:
         self.prior = prior
         self._by_key: dict[tuple[int, bool], StepEstimate] = {}
+        self._surprise = Surprise()
         self._lock = threading.Lock()
 
     def seed(self, threads: int, rtf: float, *, crowded: bool = False) -> None:
@@ -311,7 +321,14 @@ class _DecodeSpeed:
             return
         with self._lock:
             est = self._by_key.setdefault((threads, crowded), StepEstimate())
+            if est.n:  # against a measured or calibrated estimate, not the prior
+                self._surprise.add(est.value, compute_s / decoded_s)
             est.add(compute_s / decoded_s)
+
+    def safety(self) -> float:
+        """The start planner's margin on these estimates (``pacing`` Rule 4)."""
+        with self._lock:
+            return self._surprise.safety()
 
     def rtf(self, threads: int = 1, *, crowded: bool = False) -> float:
         """The estimate for ``threads`` (else the nearest measured count, scaled by it);
@@ -603,6 +620,9 @@ class KokoroSynthesizer:
         out["prompt_cache_mb"] = self._cache.nbytes / (1024 * 1024)
         out["decode_rtf_estimate"] = self._speed.rtf(1)
         out["decode_rtf_estimate_crowded"] = self._speed.rtf(1, crowded=True)
+        # the start planner's margin on them: 1.2, more while decodes run slower than
+        # estimated (pacing Rule 4)
+        out["decode_safety"] = self._speed.safety()
         wide = self._threads_for(UnitGrant(available_cpus()))
         if wide > 1:
             out[f"decode_rtf_estimate_{wide}t"] = self._speed.rtf(wide)
@@ -909,7 +929,9 @@ class KokoroSynthesizer:
         else:
             self._narrow_if_wide_is_slower()
         pace = self._pace(grant, k)
-        per = next_window_frames(self._ahead_s(state), pace, context, planner.remaining)
+        per = next_window_frames(
+            self._ahead_s(state), pace, context, planner.remaining, planner.min_frames
+        )
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []
         while len(gang) < pace.gang and (w := planner.next(per, rest=rest)) is not None:
@@ -1135,6 +1157,9 @@ class KokoroSynthesizer:
             ahead = None  # the listener waits for this sentence: its start is not a gap
         longest = None if grant.share >= 1.0 else cfg.max_window
         lead = int(prosody.durations[0])
+        # the margin follows the machine, unless the speed is assumed (plans independent
+        # of the machine)
+        safety = SAFETY if cfg.assume_rtf is not None else self._speed.safety()
         end, forecast = plan_first_end(
             planner.n,
             planner.first_candidates(),
@@ -1148,6 +1173,7 @@ class KokoroSynthesizer:
             decode_from=planner.pos,
             ramp=planner.ramp,
             later=later,
+            safety=safety,
         )
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
@@ -1160,6 +1186,7 @@ class KokoroSynthesizer:
             frames=prosody.n_frames,
             first_end=end,
             rtf=round(pace.frame_s * FRAMES_PER_S, 3),
+            safety=round(safety, 2),
             shared=pace.shared,
             gang=later.gang,
             windows=forecast.windows,
