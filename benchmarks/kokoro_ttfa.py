@@ -72,6 +72,7 @@ from slowdown import (  # noqa: E402
     slowed,
 )
 
+from engines.kokoro.cli import parallel_windows_arg  # noqa: E402
 from engines.kokoro.frontend import FrontEnd, Vocab  # noqa: E402
 from engines.kokoro.models import (  # noqa: E402
     assemble_default_model,
@@ -218,7 +219,7 @@ def _direct_measure(
             voice_norms=not args.no_voice_norms,
             edge_cap=args.edge_cap,
             plan=args.plan or "auto",
-            parallel_windows=None if windows in (None, "auto") else int(windows),
+            parallel_windows=None if windows is None else parallel_windows_arg(windows),
         )
     )
     synth.load()

@@ -207,8 +207,8 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--parallel-windows",
-        type=_parallel_windows,
-        default=env("KOKORO_PARALLEL_WINDOWS", _parallel_windows, None),
+        type=parallel_windows_arg,
+        default=env("KOKORO_PARALLEL_WINDOWS", parallel_windows_arg, None),
         metavar="auto|N",
         help="while one utterance is alone on the machine, decode this many of its windows "
         "at once, one per free core (1: one window at a time, on every core's intra-op "
@@ -232,7 +232,8 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _parallel_windows(text: str) -> int | None:
+def parallel_windows_arg(text: str) -> int | None:
+    """``--parallel-windows``: ``auto`` (None) or a number of windows, at least 1."""
     if text.strip().lower() == "auto":
         return None
     try:
