@@ -18,7 +18,10 @@ Printed per N: TTFA p50/p95 over the turns (first sentence sent -> its first aud
 packet at OAP; the second sentence of a turn plays after the first, so its lateness
 is a gap, not a TTFA; sentence boundaries in the audio stream come from the
 engine's ``utterance_completed`` log lines), the share of turns with a gap, the
-engine's own underrun count (STATS). Then the capacity (largest N, with all smaller
+engine's own underrun count (STATS); for N > 1 also the TTFA of the turns that
+started while another call's turn was in progress (its text sent, its audio not yet
+played out) apart from the others, since that is where a start shares the cores.
+Then the capacity (largest N, with all smaller
 ones, with TTFA p95 <= 500 ms and <= 5 % of turns with a gap) and the physical
 limit: the audio seconds the engine makes per wall second (measured in the same
 run: 6 calls with long texts at once, so that the engine never waits for a call)
@@ -50,6 +53,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -287,6 +291,17 @@ def utterance_samples(log_path: Path, call_ids: set[int]) -> dict[int, list[int]
     return out
 
 
+def another_speaks(convs: list[Conversation], call_id: int, at: float) -> bool:
+    """Whether another call's turn was in progress at ``at``: its text sent and its audio
+    not yet played out (a turn that never played out counts as in progress)."""
+    return any(
+        t.sent and t.sent[0] <= at < (t.played_out or math.inf)
+        for c in convs
+        if c.call_id != call_id
+        for t in c.turns
+    )
+
+
 @dataclass
 class Result:
     n: int
@@ -298,6 +313,8 @@ class Result:
     failed: int
     audio_s: float
     cycle_s: float
+    #: TTFA of the turns that started while another call's turn was in progress
+    ttfa_overlap_ms: list[float] = field(default_factory=list)
 
 
 def pctl(xs: list[float], q: float) -> float:
@@ -338,6 +355,7 @@ async def run_n(
         w.close()
     samples = utterance_samples(log_path, {c.call_id for c in convs})
     ttfa: list[float] = []
+    overlap: list[float] = []
     turns = turns_gap = failed = 0
     max_gap = 0.0
     audio_s = cycle_s = 0.0
@@ -356,6 +374,8 @@ async def run_n(
             # first's audio, and when it is late that is a gap (counted below)
             if k % 2 == 0 and k < len(sends) and off in starts_at:
                 ttfa.append((starts_at[off] - sends[k]) * 1000)
+                if another_speaks(convs, c.call_id, sends[k]):
+                    overlap.append(ttfa[-1])
             off += s
         for turn in c.turns:
             if not turn.played_out:
@@ -365,7 +385,9 @@ async def run_n(
             max_gap = max([max_gap, *turn.gaps])
             cycle_s += turn.next_at - turn.sent[0]
         audio_s += sum(samples[c.call_id]) / SAMPLE_RATE
-    return Result(n, ttfa, turns, turns_gap, max_gap * 1000, underruns, failed, audio_s, cycle_s)
+    return Result(
+        n, ttfa, turns, turns_gap, max_gap * 1000, underruns, failed, audio_s, cycle_s, overlap
+    )
 
 
 async def _later(delay: float, *a: object) -> None:
@@ -484,6 +506,8 @@ async def _measure(
                 + (f"; {r.failed} calls FAILED" if r.failed else ""),
                 flush=True,
             )
+            if n > 1:
+                print(f"  {overlap_line(r)}", flush=True)
             await asyncio.sleep(1.0)
         rate = await saturate(1000 * (len(args.calls) + 1), oap, engine, ports, texts)
         await engine.poll()
@@ -499,6 +523,18 @@ async def _measure(
         await asyncio.to_thread(stop_processes, procs)
         for s in servers:
             s.close()
+
+
+def overlap_line(r: Result) -> str:
+    """TTFA of the turns that started while another call spoke, and of the others."""
+    alone = list(r.ttfa_ms)
+    for x in r.ttfa_overlap_ms:
+        alone.remove(x)
+    return (
+        f"turns started while another call spoke: {len(r.ttfa_overlap_ms)}, TTFA p50 "
+        f"{pctl(r.ttfa_overlap_ms, 50):.0f} ms p95 {pctl(r.ttfa_overlap_ms, 95):.0f} ms; "
+        f"the others: {len(alone)}, p50 {pctl(alone, 50):.0f} ms p95 {pctl(alone, 95):.0f} ms"
+    )
 
 
 def report(

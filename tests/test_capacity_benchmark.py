@@ -1,0 +1,39 @@
+"""The capacity benchmark's bookkeeping: which turns started while another call spoke."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from kokoro_capacity import (
+    Conversation,
+    Result,
+    Turn,
+    another_speaks,
+    overlap_line,
+)
+
+
+def _turn(sent: float, played_out: float) -> Turn:
+    return Turn([sent, sent + 0.4], 0, played_out=played_out)
+
+
+def test_a_turn_overlaps_while_another_calls_turn_is_in_progress() -> None:
+    a = Conversation(1, [_turn(0.0, 5.0), _turn(7.0, 0.0)])  # the second never played out
+    b = Conversation(2, [_turn(4.0, 9.0)])
+    convs = [a, b]
+    assert another_speaks(convs, 2, 4.0)  # a's first turn plays until 5.0
+    assert not another_speaks(convs, 2, 5.0)  # ... and has played out at 5.0
+    assert not another_speaks(convs, 1, 0.0)  # b has not started yet
+    assert another_speaks(convs, 1, 7.0)  # b's turn plays until 9.0
+    assert another_speaks(convs, 2, 100.0)  # a's turn that never played out still counts
+    assert not another_speaks([a], 1, 7.0)  # its own turns never count
+
+
+def test_the_overlap_line_splits_the_turns() -> None:
+    r = Result(2, [300.0, 900.0, 320.0, 700.0], 4, 0, 0.0, 0.0, 0, 8.0, 20.0, [900.0, 700.0])
+    line = overlap_line(r)
+    assert "another call spoke: 2, TTFA p50 700 ms p95 900 ms" in line
+    assert "the others: 2, p50 300 ms p95 320 ms" in line
