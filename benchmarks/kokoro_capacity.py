@@ -21,8 +21,8 @@ engine's ``utterance_completed`` log lines), the share of turns with a gap, the
 engine's own underrun count (STATS); for N > 1 also the TTFA of the turns that
 started while another call's turn was in progress (its text sent, its audio not yet
 played out) apart from the others, since that is where a start shares the cores.
-Then the capacity (largest N, with all smaller
-ones, with TTFA p95 <= 500 ms and <= 5 % of turns with a gap) and the physical
+Then the capacity (largest N, with all smaller ones, with TTFA p95 <= 500 ms and
+<= 5 % of turns with a gap) and the physical
 limit: the audio seconds the engine makes per wall second (measured in the same
 run: 6 calls with long texts at once, so that the engine never waits for a call)
 divided by the audio seconds per second the pattern asks of one call (measured in
