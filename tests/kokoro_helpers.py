@@ -71,10 +71,9 @@ class SpyBackend(OnnxBackend):
         end: int,
         style: FloatArray,
         cancel: CancelToken,
-        ahead: int = 0,
     ) -> FloatArray:
         self.windows.append((start, end))
-        return super().decode(prosody, start, end, style, cancel, ahead)
+        return super().decode(prosody, start, end, style, cancel)
 
     def clear(self) -> None:
         self.calls.clear()

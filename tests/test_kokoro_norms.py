@@ -8,7 +8,6 @@ given statistics with weight 0, and must report the window's own statistics.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -445,50 +444,44 @@ def test_a_short_sentence_keeps_its_own_statistics_and_its_level(
         whole.close()
 
 
-def test_later_windows_share_one_frame_stage_run_and_decode_alike(
+def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statistics(
     synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The first window runs the frame stage on its own frames with the voice's
+    statistics (its first audio waits for nothing more); the windows after it slice one
+    run of the frame stage over the whole sentence with the sentence's own statistics,
+    and their generator norms keep the voice's (README "Kokoro pipeline")."""
     backend = synth._backend
     assert isinstance(backend, OnnxBackend)
     stats = synth.voice_norms(DEFAULT_VOICE)
     assert stats is not None
-    tokens = synth._tokens_of(
-        "Your package will arrive on Thursday between nine and noon, and the driver will "
-        "call you when he is close."
-    )
-    style = synth._voices[DEFAULT_VOICE][len(tokens) - 1]
-    prosody = replace(backend.prosody(tokens, style, 1.0, CancelToken()), norms=stats)
-    assert prosody.features is None  # the frame stage runs in the windows
-    runs: list[tuple[int, int]] = []
-    frame = backend._frame
+    text = "Could you spell your last name for me, please, and then the city you live in?"
+    frames: list[tuple[int, int, bool]] = []  # (start, end, the voice's statistics)
+    decodes: list[tuple[int, int, bool, bool]] = []  # (start, end, features, voice's)
+    frame, decode = backend._frame, backend.decode
 
-    def counted(p: Prosody, start: int, end: int, *args: Any, **kw: Any) -> list[Any]:
-        if p.asr is prosody.asr:  # not another voice's measurement in the background
-            runs.append((start, end))
-        return frame(p, start, end, *args, **kw)
+    def spied_frame(p: Prosody, start: int, end: int, style: Any, norms: Any, *a: Any) -> Any:
+        if threading.current_thread().name != "kokoro-voice-norms":  # not another voice's
+            frames.append((start, end, norms is stats))
+        return frame(p, start, end, style, norms, *a)
 
-    monkeypatch.setattr(backend, "_frame", counted)
-    n = prosody.n_frames
-    cuts = [*range(0, n, 16), n]
+    def spied_decode(p: Prosody, start: int, end: int, *a: Any) -> Any:
+        decodes.append((start, end, p.features is not None, p.norms is stats))
+        return decode(p, start, end, *a)
 
-    def decode_all(ahead: int) -> np.ndarray:
-        p = replace(prosody, span=FeatureSpan())
-        parts = []
-        for a, b in itertools.pairwise(cuts):
-            lo, hi = max(0, a - 2), min(n, b + 2)
-            audio = backend.decode(p, lo, hi, style, CancelToken(), ahead)
-            parts.append(audio[(a - lo) * FRAME_SAMPLES : (b - lo) * FRAME_SAMPLES])
-        return np.concatenate(parts)
-
-    each = decode_all(0)
-    each_runs = len(runs)
-    runs.clear()
-    shared = decode_all(64)
-    # one run per window (but a last window within the margin of the one before)
-    assert each_runs >= len(cuts) - 2
-    assert len(runs) <= -(-n // 64) + 1  # one per 64 frames
-    # the same features but for the int8 activation scale of each run (graph_split)
-    assert spectral_distance(each, shared) < 0.5
+    monkeypatch.setattr(backend, "_frame", spied_frame)
+    monkeypatch.setattr(backend, "decode", spied_decode)
+    monkeypatch.setattr(synth.config, "parallel_windows", 1)  # one window at a time
+    monkeypatch.setattr(synth.config, "max_window", 32)  # several windows
+    speak(synth, text, CallState(call_id=31))
+    n = max(end for _, end, _, _ in decodes)  # (the trailing silence is not decoded)
+    assert len(decodes) >= 3, decodes
+    assert len(frames) == 2, frames
+    assert frames[0][2] and frames[0][1] < n, frames  # the first window's own frames
+    whole = frames[1]  # then once, over the whole sentence, with its own statistics
+    assert whole[0] == 0 and whole[1] >= n and not whole[2], frames
+    assert decodes[0][2:] == (False, True), decodes
+    assert all(d[2:] == (True, True) for d in decodes[1:]), decodes
 
 
 def test_an_utterance_in_progress_holds_the_background_measurement(
