@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kokoro_helpers import rms, shared_models_dir, speak
+from kokoro_helpers import rms, shared_models_dir, speak, speak_at
 from onnx import TensorProto, helper, numpy_helper
 
 from engines.kokoro.backend import FeatureSpan, OnnxBackend, Prosody
@@ -43,6 +43,7 @@ from engines.kokoro.norms import (
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.voice_norms import CALIBRATION_TEXTS, VoiceNorms
 from engines.kokoro.windows import CONTEXT_FRAMES, FIXED_CONTEXT_FRAMES, FRAME_SAMPLES
+from engines.runtime.playback import PlaybackMeter
 from engines.runtime.synth import CallState, CancelToken, SynthesisCancelled
 
 EPS = 1e-5
@@ -448,9 +449,12 @@ def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statisti
     synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first window runs the frame stage on its own frames with the voice's
-    statistics (its first audio waits for nothing more); the windows after it slice one
-    run of the frame stage over the whole sentence with the sentence's own statistics,
-    and their generator norms keep the voice's (README "Kokoro pipeline")."""
+    statistics (its first audio waits for nothing more); once the audio queued ahead
+    pays for it (``pacing`` Rule 5) the frame stage runs once over the whole sentence
+    with the sentence's own statistics, and the windows after that slice it, their
+    generator norms keeping the voice's (README "Kokoro pipeline"). Where the listener
+    has played everything, the queue never pays for it, and every window keeps its own
+    run."""
     backend = synth._backend
     assert isinstance(backend, OnnxBackend)
     stats = synth.voice_norms(DEFAULT_VOICE)
@@ -473,15 +477,31 @@ def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statisti
     monkeypatch.setattr(backend, "decode", spied_decode)
     monkeypatch.setattr(synth.config, "parallel_windows", 1)  # one window at a time
     monkeypatch.setattr(synth.config, "max_window", 32)  # several windows
-    speak(synth, text, CallState(call_id=31))
+    # a machine decoding at 0.3 s per audio second: the plan and the listener's clock
+    # pinned, so that the run is the same on any machine (kokoro_helpers.speak_at)
+    monkeypatch.setattr(synth.config, "assume_rtf", 0.3)
+    speak_at(synth, text, 0.3, call_id=31)
     n = max(end for _, end, _, _ in decodes)  # (the trailing silence is not decoded)
-    assert len(decodes) >= 3, decodes
-    assert len(frames) == 2, frames
-    assert frames[0][2] and frames[0][1] < n, frames  # the first window's own frames
-    whole = frames[1]  # then once, over the whole sentence, with its own statistics
-    assert whole[0] == 0 and whole[1] >= n and not whole[2], frames
-    assert decodes[0][2:] == (False, True), decodes
-    assert all(d[2:] == (True, True) for d in decodes[1:]), decodes
+    assert len(decodes) >= 4, decodes
+    whole = [k for k, f in enumerate(frames) if f[0] == 0 and f[1] >= n]
+    assert len(whole) == 1, frames  # once, over the whole sentence ...
+    assert not frames[whole[0]][2], frames  # ... with its own statistics
+    assert whole[0] >= 1 and all(f[2] and f[1] < n for f in frames[: whole[0]]), frames
+    assert frames[whole[0] + 1 :] == [], frames  # the windows after it slice it
+    sliced = [d for d in decodes if d[2]]
+    assert len(sliced) >= 2 and all(d[3] for d in decodes), decodes
+    assert not decodes[0][2], decodes  # the first window: its own frames
+    assert decodes[-len(sliced) :] == sliced, decodes
+    # the same plan, but a listener that has always played everything (a machine far
+    # slower than planned): the queue never pays for the whole run
+    frames.clear()
+    decodes.clear()
+    state = CallState(call_id=32)
+    state.playback = PlaybackMeter(lambda: 10.0)  # 10 s after the first packet, always
+    for chunk in synth.synthesize(text, state, CancelToken()):
+        state.playback.sent(len(chunk), 0.0)
+    assert len(decodes) >= 2 and not any(d[2] for d in decodes), decodes
+    assert frames and all(f[2] for f in frames), frames
 
 
 def test_an_utterance_in_progress_holds_the_background_measurement(

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from engines.kokoro.pacing import (
     BUSY_WINDOW_S,
+    FRAME_STAGE_FIXED,
+    FRAME_STAGE_SHARE,
     HEADROOM,
     JITTER_S,
     MAX_SAFETY,
@@ -15,6 +17,7 @@ from engines.kokoro.pacing import (
     Pace,
     Surprise,
     first_gang_frames,
+    frame_stage_fits,
     next_window_frames,
     plan_first_end,
     simulate,
@@ -64,6 +67,41 @@ def test_near_real_time_the_last_windows_keep_up_instead_of_taking_the_rest_whol
         lead_skip=lead, decode_from=5, ramp=12,
     )  # fmt: skip
     assert fc.gaps == 0 and fc.windows == 3
+
+
+def test_the_whole_frame_stage_waits_until_the_queued_audio_pays_for_it() -> None:
+    pace = Pace.from_rtf(0.4)
+    n, ctx, least = 280, 2, 12
+    cost = pace.decode_s(FRAME_STAGE_SHARE * n + FRAME_STAGE_FIXED)
+    # just after a short first window: the next window would not be ready in time
+    assert not frame_stage_fits(0.3, pace, n, ctx, 200, least)
+    assert frame_stage_fits(2.0, pace, n, ctx, 200, least)
+    # the least queue that pays for it leaves the next window its least frames
+    ahead = min(
+        a / 100 for a in range(0, 500) if frame_stage_fits(a / 100, pace, n, ctx, 200, least)
+    )
+    assert next_window_frames(ahead - cost, pace, ctx) >= least
+    assert next_window_frames(ahead - 0.01 - cost, pace, ctx) < least
+    # a longer sentence costs more; a few frames left need less after it
+    assert not frame_stage_fits(ahead, pace, 2 * n, ctx, 200, least)
+    assert frame_stage_fits(ahead - 0.05, pace, n, ctx, 4, least)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    a=st.floats(-1.0, 10.0),
+    b=st.floats(-1.0, 10.0),
+    rtf=st.floats(0.05, 3.0),
+    n=st.integers(1, 2000),
+    rest=st.integers(1, 2000),
+)
+def test_more_audio_queued_never_turns_the_whole_frame_stage_down(
+    a: float, b: float, rtf: float, n: int, rest: int
+) -> None:
+    pace = Pace.from_rtf(rtf)
+    lo, hi = min(a, b), max(a, b)
+    if frame_stage_fits(lo, pace, n, 2, rest, 12):
+        assert frame_stage_fits(hi, pace, n, 2, rest, 12)
 
 
 def test_fast_decoding_starts_at_the_first_candidate_with_no_gap() -> None:

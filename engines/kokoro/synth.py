@@ -119,6 +119,7 @@ from engines.kokoro.pacing import (
     Pace,
     Surprise,
     first_gang_frames,
+    frame_stage_fits,
     next_window_frames,
     plan_first_end,
 )
@@ -916,6 +917,21 @@ class KokoroSynthesizer:
         clock = state.playback
         return 0.0 if clock is None else float(clock.ahead_s())
 
+    def _frame_stage_now(
+        self, planner: WindowPlanner, prosody: Prosody, state: CallState, context: int
+    ) -> bool:
+        """Whether to run the frame stage over the whole sentence now: windows are left,
+        they run it on their own frames so far (the voice's statistics), and the audio
+        queued ahead pays for it (``pacing`` Rule 5; no listener: at once)."""
+        if planner.done or prosody.norms is None or prosody.features is not None:
+            return False
+        if state.playback is None:
+            return True
+        pace = self._pace(unit_grant())
+        ahead = self._ahead_s(state)
+        n, rest, least = prosody.n_frames, planner.remaining, planner.min_frames
+        return frame_stage_fits(ahead, pace, n, context, rest, least)
+
     def _next_gang(self, planner: WindowPlanner, state: CallState, context: int) -> list[Window]:
         """The windows this unit decodes (in order; several at once: ``_gang_size``), each
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
@@ -1129,7 +1145,7 @@ class KokoroSynthesizer:
                         threads=threads,
                         parallel=len(gang),
                     )
-                if not planner.done and prosody.norms is not None and prosody.features is None:
+                if self._frame_stage_now(planner, prosody, state, shape.context):
                     # the first audio is out: the windows after it slice one run of the
                     # frame stage over the whole sentence, its norms taking the
                     # sentence's own statistics (module docstring); before the next
