@@ -71,9 +71,10 @@ class SpyBackend(OnnxBackend):
         end: int,
         style: FloatArray,
         cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray:
         self.windows.append((start, end))
-        return super().decode(prosody, start, end, style, cancel)
+        return super().decode(prosody, start, end, style, cancel, ahead)
 
     def clear(self) -> None:
         self.calls.clear()

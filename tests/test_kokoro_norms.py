@@ -8,6 +8,7 @@ given statistics with weight 0, and must report the window's own statistics.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -443,6 +444,52 @@ def test_a_short_sentence_keeps_its_own_statistics_and_its_level(
             assert 0.8 <= rms(ours) / rms(ref) <= 1.25, text
     finally:
         whole.close()
+
+
+def test_later_windows_share_one_frame_stage_run_and_decode_alike(
+    synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = synth._backend
+    assert isinstance(backend, OnnxBackend)
+    stats = synth.voice_norms(DEFAULT_VOICE)
+    assert stats is not None
+    tokens = synth._tokens_of(
+        "Your package will arrive on Thursday between nine and noon, and the driver will "
+        "call you when he is close."
+    )
+    style = synth._voices[DEFAULT_VOICE][len(tokens) - 1]
+    prosody = replace(backend.prosody(tokens, style, 1.0, CancelToken()), norms=stats)
+    assert prosody.features is None  # the frame stage runs in the windows
+    runs: list[tuple[int, int]] = []
+    frame = backend._frame
+
+    def counted(p: Prosody, start: int, end: int, *args: Any, **kw: Any) -> list[Any]:
+        if p.asr is prosody.asr:  # not another voice's measurement in the background
+            runs.append((start, end))
+        return frame(p, start, end, *args, **kw)
+
+    monkeypatch.setattr(backend, "_frame", counted)
+    n = prosody.n_frames
+    cuts = [*range(0, n, 16), n]
+
+    def decode_all(ahead: int) -> np.ndarray:
+        p = replace(prosody, span=FeatureSpan())
+        parts = []
+        for a, b in itertools.pairwise(cuts):
+            lo, hi = max(0, a - 2), min(n, b + 2)
+            audio = backend.decode(p, lo, hi, style, CancelToken(), ahead)
+            parts.append(audio[(a - lo) * FRAME_SAMPLES : (b - lo) * FRAME_SAMPLES])
+        return np.concatenate(parts)
+
+    each = decode_all(0)
+    each_runs = len(runs)
+    runs.clear()
+    shared = decode_all(64)
+    # one run per window (but a last window within the margin of the one before)
+    assert each_runs >= len(cuts) - 2
+    assert len(runs) <= -(-n // 64) + 1  # one per 64 frames
+    # the same features but for the int8 activation scale of each run (graph_split)
+    assert spectral_distance(each, shared) < 0.5
 
 
 def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statistics(

@@ -83,8 +83,9 @@ class RecordingBackend(OnnxBackend):
         end: int,
         style: FloatArray,
         cancel: CancelToken,
+        ahead: int = 0,
     ) -> FloatArray:
-        audio = super().decode(prosody, start, end, style, cancel)
+        audio = super().decode(prosody, start, end, style, cancel, ahead)
         unit = self._units.get(id(prosody.f0), -1)
         self.decodes.append(Decode(unit, start, end, prosody.n_frames, audio.copy()))
         return audio

@@ -30,7 +30,7 @@ from engines.kokoro.backend import OnnxBackend
 from engines.kokoro.convert.validate import spectral_distance
 from engines.kokoro.graph_split import GraphSplitError, split_model, split_sources
 from engines.kokoro.models import KOKORO_INT8_NAME
-from engines.kokoro.synth import FINAL_TAIL_KEEP_S, KokoroConfig, KokoroSynthesizer
+from engines.kokoro.synth import FINAL_TAIL_KEEP_S, FRAME_AHEAD, KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import (
     FRAME_SAMPLES,
 )
@@ -234,16 +234,18 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
 
     monkeypatch.setattr(backend, "decode", timed)
     # the serial phases before a gang's decodes run on all the gang's cores
-    serial_phases: list[tuple[str, int]] = []  # (stage, cores granted)
+    serial_phases: list[tuple[str, int, int]] = []  # (stage, cores granted, frames ahead)
     prosody, prepare = backend.prosody, backend.prepare
 
     def spied_prosody(*args: Any) -> Any:
-        serial_phases.append(("prosody", unit_grant().cores))
+        serial_phases.append(("prosody", unit_grant().cores, 0))
         return prosody(*args)
 
-    def spied_prepare(p: Any, start: int, end: int, style: Any, cancel: Any) -> None:
-        serial_phases.append(("frame", unit_grant().cores))
-        prepare(p, start, end, style, cancel)
+    def spied_prepare(
+        p: Any, start: int, end: int, style: Any, cancel: Any, ahead: int = 0
+    ) -> None:
+        serial_phases.append(("frame", unit_grant().cores, ahead))
+        prepare(p, start, end, style, cancel, ahead)
 
     monkeypatch.setattr(backend, "prosody", spied_prosody)
     # on a box where one window on both cores measures slower than on one (this one, on
@@ -256,8 +258,8 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     before = kokoro_synth.stats()["windows_parallel"]
     gang = np.concatenate(speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=24))
     assert kokoro_synth.stats()["windows_parallel"] - before >= 4
-    assert serial_phases[0] == ("prosody", 2), serial_phases
-    assert set(serial_phases) == {("prosody", 2), ("frame", 2)}, serial_phases
+    assert serial_phases[0] == ("prosody", 2, 0), serial_phases
+    assert set(serial_phases) == {("prosody", 2, 0), ("frame", 2, FRAME_AHEAD)}, serial_phases
     threads = {c[0] for c in calls}
     assert len(threads) == 2, "a gang's windows run in two threads"
     overlaps = [

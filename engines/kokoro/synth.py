@@ -19,10 +19,11 @@ statistics (``voice_norms``, measured once per voice), so a window decodes as th
 whole sentence does and needs only 2 frames of context
 (``windows.FIXED_STATS_SHAPE``). The first window (or gang) runs the frame-rate decoder
 (``graph_split``'s frame stage) on its own frames too, with the voice's statistics,
-so that nothing but its own frames delays the first audio; once it is out, the frame
-stage runs once over the whole sentence with the sentence's own statistics, and the
-later windows slice that (streamed word errors 11-13 against 16 over four framings of
-the 12-sentence set, kokoro-onnx 10, in the same run). Without the voice's statistics
+so that nothing but its own frames delays the first audio, and so do the windows
+after it (``FRAME_AHEAD``) until the audio queued ahead pays for one run of it over
+the whole sentence with the sentence's own statistics (``pacing`` Rule 5), which the
+later windows then slice (heard with fewer word errors: README "Kokoro pipeline").
+Without the voice's statistics
 (a voice not measured yet, a sentence under 2 s, ``voice_norms=False``) the frame
 stage runs whole after the prosody pass, each window's generator norms take their own
 statistics and the wider ``OWN_STATS_SHAPE`` applies. Windows are cut at a word
@@ -193,6 +194,11 @@ MARK_CHARS = frozenset(';:,.!?—…"()“”')  # tokens whose frames are silen
 #: jm_kumo; "Thank you." 0.18; sentences of 85-110 frames 0.66-0.95; longer 0.94-1.19),
 #: and so short a sentence is one window anyway (``OWN_STATS_SHAPE``), its own rendering.
 VOICE_NORMS_MIN_FRAMES = 80
+#: A window after the first runs the frame stage (``graph_split``) this many frames past
+#: its end too, for the next windows, until the sentence's own run replaces it
+#: (``_frame_stage_now``): its fixed cost (about 13 ms a run on one thread) then comes
+#: once per 1.6 s of speech, not once a window, for 26 ms more in that window
+FRAME_AHEAD = 64
 #: A last window that stops before the sentence's end (``windows.FIXED_TAIL_FRAMES``
 #: after its last frame of speech energy) is decoded again to the end when its audio is
 #: speech within this many frames of the stop (measured: speech ends at most 1.4 frames
@@ -984,14 +990,17 @@ class KokoroSynthesizer:
         runs end at their next node)."""
         backend = cast(SplitBackend, self._backend)
 
-        def one(w: Window) -> tuple[FloatArray, float, float]:
+        def one(w: Window, ahead: int = 0) -> tuple[FloatArray, float, float]:
             t_d = time.perf_counter()
-            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
+            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel, ahead)
             done = time.perf_counter()
             return audio, done - t_d, done
 
         if len(gang) == 1:
-            yield one(gang[0])
+            # the first window's frame stage runs on its own frames; each later one's,
+            # until the sentence's own run (``_frame_stage_now``), on the next windows'
+            # too (one run per FRAME_AHEAD frames)
+            yield one(gang[0], FRAME_AHEAD if gang[0].index > 0 else 0)
             return
         if isinstance(backend, PreparedBackend):
             start, end = gang[0].ctx_start, gang[-1].ctx_end
@@ -999,7 +1008,7 @@ class KokoroSynthesizer:
             grant = unit_grant()
             set_unit_grant(replace(grant, cores=len(gang)))
             try:
-                backend.prepare(prosody, start, end, style, cancel)
+                backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
             finally:
                 set_unit_grant(grant)
         helpers = self._helper_pool()
