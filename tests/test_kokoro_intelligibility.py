@@ -29,8 +29,9 @@ own audio cut 0.05, 0.1, 0.15, 0.2, 0.3 and 0.5 s after its speech was heard "ca
 after it, silence added where the audio is shorter) and its word errors are summed
 over them: the comparison is of the speech, not of where each mode's silence ends.
 The whole-utterance mode may come back at most one word error per framing worse than
-kokoro-onnx, the windowed modes at most three (the goal, one, is an expected failure:
-measured 4.0 against 2.5 per framing).
+kokoro-onnx, the windowed modes at most three (the goal, one, is an expected failure,
+not strict: measured 3.0-3.25 against 2.5 per framing, 4.0 before the later windows
+took the sentence's own frame-stage statistics).
 """
 
 from __future__ import annotations
@@ -217,7 +218,8 @@ def test_whole_utterance_mode_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> N
 
 def test_streamed_speech_loses_at_most_a_few_words_more_than_kokoro_onnx(heard: Heard) -> None:
     # a guard against regressions: with the voice's instance-norm statistics the windows
-    # were heard with 1.5 errors more than kokoro-onnx per framing (each window's own
+    # were heard with 1.5 errors more than kokoro-onnx per framing, 0.5-0.75 more with
+    # the later ones on the sentence's own frame-stage statistics (each window's own
     # statistics: 6 more); the goal (at most one more) is the expected failure below
     assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
     assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
@@ -225,12 +227,13 @@ def test_streamed_speech_loses_at_most_a_few_words_more_than_kokoro_onnx(heard: 
 
 @pytest.mark.xfail(
     strict=False,
-    reason="windows with the voice's pooled instance-norm statistics, int8 decoder: streamed "
-    "and 32-frame windows 4.0 word errors of 105 per framing vs kokoro-onnx 2.5 and the "
-    "whole-utterance mode 2.0. 'spell' heard as 'spare' is the statistics (each sentence's "
-    "own: 'spell'; pooled over frames, per sentence or at the sentence's style row: "
-    "'spare'); 'due' heard as 'to' as kokoro-onnx is heard, where the whole-utterance "
-    "mode is not",
+    reason="met by one word or less, and the decoder's noise source differs per run: with "
+    "the later windows on the sentence's own frame-stage statistics, streamed 3.0 and "
+    "32-frame windows 3.25 word errors of 105 per framing vs kokoro-onnx 2.5 (the windows "
+    "all on the voice's: 4.0 and 4.0). 'spell' heard as 'spare' is the generator's "
+    "statistics (each sentence's own: 'spell'; pooled over frames, per sentence or at the "
+    "sentence's style row: 'spare'); 'due' heard as 'to' at some framings, as kokoro-onnx "
+    "is heard, where the whole-utterance mode is not",
 )
 def test_streamed_speech_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
     assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
