@@ -25,8 +25,10 @@ planned at 1.2 times the last speed stuttered when the next seconds ran slower s
 Rule 5: the frame stage's run over the whole sentence (``synth``: the windows after
 the first take the sentence's own statistics there) waits until the audio queued
 ahead pays for it: the next window must still keep ``least`` frames by Rule 2 after
-it (``frame_stage_fits``); on a CPU near real time it may never come, and the
-windows keep running the frame stage on their own frames.
+it (``frame_stage_fits``), and the next window is sized with the queue less that
+estimate (``frame_stage_s``: the plan follows the speed it is given, measured or
+pinned, not the clock of a run it planned); on a CPU near real time it may never
+come, and the windows keep running the frame stage on their own frames.
 
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
@@ -151,13 +153,19 @@ def next_window_frames(
     return int(frames)
 
 
+def frame_stage_s(pace: Pace, n_frames: int) -> float:
+    """The frame stage's run over a whole sentence of ``n_frames``, estimated at ``pace``
+    (compute s): what the windows after it plan it to take (Rule 5)."""
+    return pace.decode_s(FRAME_STAGE_SHARE * n_frames + FRAME_STAGE_FIXED)
+
+
 def frame_stage_fits(
     ahead_s: float, pace: Pace, n_frames: int, context: int, remaining: int, least: int
 ) -> bool:
     """Whether the frame stage can run over the whole sentence of ``n_frames`` now, with
     ``ahead_s`` of audio queued, and the next window still keep ``least`` frames (the
     ``remaining`` ones if fewer) by Rule 2 (Rule 5)."""
-    cost = pace.decode_s(FRAME_STAGE_SHARE * n_frames + FRAME_STAGE_FIXED)
+    cost = frame_stage_s(pace, n_frames)
     return next_window_frames(ahead_s - cost, pace, context) >= min(least, remaining)
 
 

@@ -121,6 +121,7 @@ from engines.kokoro.pacing import (
     Surprise,
     first_gang_frames,
     frame_stage_fits,
+    frame_stage_s,
     next_window_frames,
     plan_first_end,
 )
@@ -924,24 +925,26 @@ class KokoroSynthesizer:
         return 0.0 if clock is None else float(clock.ahead_s())
 
     def _frame_stage_now(
-        self, planner: WindowPlanner, prosody: Prosody, state: CallState, context: int
-    ) -> bool:
-        """Whether to run the frame stage over the whole sentence now: windows are left,
-        they run it on their own frames so far (the voice's statistics), and the audio
-        queued ahead pays for it (``pacing`` Rule 5; no listener: at once)."""
+        self, planner: WindowPlanner, prosody: Prosody, ahead: float, context: int
+    ) -> float | None:
+        """The estimated seconds of the frame stage's run over the whole sentence if it
+        runs now, else None: windows are left, they run it on their own frames so far
+        (the voice's statistics), and the ``ahead`` s of queued audio pay for it
+        (``pacing`` Rule 5)."""
         if planner.done or prosody.norms is None or prosody.features is not None:
-            return False
-        if state.playback is None:
-            return True
+            return None
         pace = self._pace(unit_grant())
-        ahead = self._ahead_s(state)
         n, rest, least = prosody.n_frames, planner.remaining, planner.min_frames
-        return frame_stage_fits(ahead, pace, n, context, rest, least)
+        if not frame_stage_fits(ahead, pace, n, context, rest, least):
+            return None
+        return frame_stage_s(pace, n)
 
-    def _next_gang(self, planner: WindowPlanner, state: CallState, context: int) -> list[Window]:
+    def _next_gang(
+        self, planner: WindowPlanner, state: CallState, context: int, ahead: float | None = None
+    ) -> list[Window]:
         """The windows this unit decodes (in order; several at once: ``_gang_size``), each
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
-        at this unit's grant)."""
+        at this unit's grant), with ``ahead`` s of audio queued (default: the clock's)."""
         if planner.done:
             return []
         grant = unit_grant()
@@ -951,9 +954,9 @@ class KokoroSynthesizer:
         else:
             self._narrow_if_wide_is_slower()
         pace = self._pace(grant, k)
-        per = next_window_frames(
-            self._ahead_s(state), pace, context, planner.remaining, planner.min_frames
-        )
+        if ahead is None:
+            ahead = self._ahead_s(state)
+        per = next_window_frames(ahead, pace, context, planner.remaining, planner.min_frames)
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []
         while len(gang) < pace.gang and (w := planner.next(per, rest=rest)) is not None:
@@ -1154,15 +1157,19 @@ class KokoroSynthesizer:
                         threads=threads,
                         parallel=len(gang),
                     )
-                if self._frame_stage_now(planner, prosody, state, shape.context):
-                    # the first audio is out: the windows after it slice one run of the
-                    # frame stage over the whole sentence, its norms taking the
-                    # sentence's own statistics (module docstring); before the next
-                    # windows are sized, so that they count the time it took
+                # no listener: nothing to keep up with (the frame stage's run at once)
+                listener = state.playback is not None
+                ahead = self._ahead_s(state) if listener else math.inf
+                cost = self._frame_stage_now(planner, prosody, ahead, shape.context)
+                if cost is not None:
+                    # the windows after this slice one run of the frame stage over the
+                    # whole sentence, its norms taking the sentence's own statistics
+                    # (module docstring); they are sized with the queue less its estimate
                     t_f = time.perf_counter()
                     prosody = backend.with_features(prosody, style, cancel)
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
-                gang = self._next_gang(planner, state, shape.context)
+                planned = ahead - cost if cost is not None and listener else None
+                gang = self._next_gang(planner, state, shape.context, planned)
 
     def _plan_start(
         self,
