@@ -23,10 +23,10 @@ so that nothing but its own frames delays the first audio, and so do the windows
 after it (``FRAME_AHEAD``) until the audio queued ahead pays for one run of it over
 the whole sentence with the sentence's own statistics (``pacing`` Rule 5), which the
 later windows then slice (heard with fewer word errors: README "Kokoro pipeline").
-Without the voice's statistics
-(a voice not measured yet, a sentence under 2 s, ``voice_norms=False``) the frame
-stage runs whole after the prosody pass, each window's generator norms take their own
-statistics and the wider ``OWN_STATS_SHAPE`` applies. Windows are cut at a word
+Without the voice's statistics (a voice not measured yet, a sentence under 2 s,
+``voice_norms=False``) the frame stage runs whole after the prosody pass, each
+window's generator norms take their own statistics and the wider ``OWN_STATS_SHAPE``
+applies. Windows are cut at a word
 boundary near the wanted frame, decoded with context frames on both sides and joined
 with a 20 ms equal-gain crossfade. The first ``next()`` runs the prosody pass and
 the first window; every later ``next()`` decodes one window. While the utterance is
