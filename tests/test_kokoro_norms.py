@@ -549,6 +549,12 @@ def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statisti
         state.playback.sent(len(chunk), 0.0)
     assert len(decodes) >= 2 and not any(d[2] for d in decodes), decodes
     assert frames and all(f[2] for f in frames), frames
+    # no listener (an offline synthesis): nothing to keep up with, the run at once
+    frames.clear()
+    decodes.clear()
+    list(synth.synthesize(text, CallState(call_id=33), CancelToken()))
+    assert len(frames) == 2 and frames[0][2] and not frames[1][2], frames
+    assert not decodes[0][2] and all(d[2] for d in decodes[1:]), decodes
 
 
 def test_an_utterance_in_progress_holds_the_background_measurement(

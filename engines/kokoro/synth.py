@@ -925,17 +925,17 @@ class KokoroSynthesizer:
         return 0.0 if clock is None else float(clock.ahead_s())
 
     def _frame_stage_now(
-        self, planner: WindowPlanner, prosody: Prosody, ahead: float, context: int
+        self, planner: WindowPlanner, prosody: Prosody, ahead: float | None, context: int
     ) -> float | None:
         """The estimated seconds of the frame stage's run over the whole sentence if it
         runs now, else None: windows are left, they run it on their own frames so far
         (the voice's statistics), and the ``ahead`` s of queued audio pay for it
-        (``pacing`` Rule 5)."""
+        (``pacing`` Rule 5; None: no listener, nothing to keep up with)."""
         if planner.done or prosody.norms is None or prosody.features is not None:
             return None
         pace = self._pace(unit_grant())
         n, rest, least = prosody.n_frames, planner.remaining, planner.min_frames
-        if not frame_stage_fits(ahead, pace, n, context, rest, least):
+        if ahead is not None and not frame_stage_fits(ahead, pace, n, context, rest, least):
             return None
         return frame_stage_s(pace, n)
 
@@ -1157,9 +1157,7 @@ class KokoroSynthesizer:
                         threads=threads,
                         parallel=len(gang),
                     )
-                # no listener: nothing to keep up with (the frame stage's run at once)
-                listener = state.playback is not None
-                ahead = self._ahead_s(state) if listener else math.inf
+                ahead = self._ahead_s(state) if state.playback is not None else None
                 cost = self._frame_stage_now(planner, prosody, ahead, shape.context)
                 if cost is not None:
                     # the windows after this slice one run of the frame stage over the
@@ -1168,7 +1166,7 @@ class KokoroSynthesizer:
                     t_f = time.perf_counter()
                     prosody = backend.with_features(prosody, style, cancel)
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
-                planned = ahead - cost if cost is not None and listener else None
+                planned = None if cost is None or ahead is None else ahead - cost
                 gang = self._next_gang(planner, state, shape.context, planned)
 
     def _plan_start(
