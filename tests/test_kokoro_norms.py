@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from engines.kokoro.backend import FeatureSpan, OnnxBackend, Prosody
 from engines.kokoro.convert.validate import spectral_distance
+from engines.kokoro.graph_split import FRAME_MARGIN
 from engines.kokoro.models import DEFAULT_VOICE
 from engines.kokoro.norms import (
     MEAN_OUTPUT,
@@ -45,7 +46,13 @@ from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 from engines.kokoro.voice_norms import CALIBRATION_TEXTS, VoiceNorms
 from engines.kokoro.windows import CONTEXT_FRAMES, FIXED_CONTEXT_FRAMES, FRAME_SAMPLES
 from engines.runtime.playback import PlaybackMeter
-from engines.runtime.synth import CallState, CancelToken, SynthesisCancelled
+from engines.runtime.synth import (
+    CallState,
+    CancelToken,
+    SynthesisCancelled,
+    UnitGrant,
+    set_unit_grant,
+)
 
 EPS = 1e-5
 C = 4
@@ -555,6 +562,50 @@ def test_after_the_first_window_the_frame_stage_takes_the_sentences_own_statisti
     list(synth.synthesize(text, CallState(call_id=33), CancelToken()))
     assert len(frames) == 2 and frames[0][2] and not frames[1][2], frames
     assert not decodes[0][2] and all(d[2] for d in decodes[1:]), decodes
+
+
+def test_the_first_gang_runs_the_frame_stage_on_its_own_frames_only(
+    synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing but the first windows' own frames delays the first audio: a first gang
+    (two windows at once, the utterance alone on two cores) runs the frame stage on its
+    windows and ``FRAME_MARGIN`` frames around them, not on the frames of the windows
+    after it (``FRAME_AHEAD``, which later windows run ahead)."""
+    backend = synth._backend
+    assert isinstance(backend, OnnxBackend)
+    frames: list[tuple[int, int]] = []
+    decodes: list[tuple[int, int]] = []
+    frame, decode = backend._frame, backend.decode
+
+    def spied_frame(p: Prosody, start: int, end: int, *a: Any) -> Any:
+        if threading.current_thread().name != "kokoro-voice-norms":  # not another voice's
+            frames.append((start, end))
+        return frame(p, start, end, *a)
+
+    def spied_decode(p: Prosody, start: int, end: int, *a: Any) -> Any:
+        decodes.append((start, end))
+        return decode(p, start, end, *a)
+
+    monkeypatch.setattr(backend, "_frame", spied_frame)
+    monkeypatch.setattr(backend, "decode", spied_decode)
+    monkeypatch.setattr(synth.config, "parallel_windows", 2)
+    monkeypatch.setattr(synth.config, "assume_rtf", 0.3)
+    state = CallState(call_id=34)
+    gen = synth.synthesize(
+        "Could you spell your last name for me, please, and then the city you live in?",
+        state,
+        CancelToken(),
+    )
+    set_unit_grant(UnitGrant(cores=2, cpus=2, others=0))  # alone on two cores
+    try:
+        assert len(next(gen)) > 0
+    finally:
+        set_unit_grant(None)
+        gen.close()
+    # the first chunk came from a gang: two windows decoded at once (one alone otherwise)
+    assert len(decodes) == 2 and decodes[0][1] > decodes[1][0] and frames, (decodes, frames)
+    gang_end = max(end for _, end in decodes)
+    assert frames[0][1] <= gang_end + FRAME_MARGIN, (frames, decodes)
 
 
 def test_an_utterance_in_progress_holds_the_background_measurement(

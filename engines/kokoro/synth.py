@@ -999,11 +999,12 @@ class KokoroSynthesizer:
             done = time.perf_counter()
             return audio, done - t_d, done
 
+        # the first window's (or gang's) frame stage runs on its own frames: nothing else
+        # delays the first audio; each later one's, until the sentence's own run
+        # (``_frame_stage_now``), on the next windows' too (one run per FRAME_AHEAD frames)
+        ahead = FRAME_AHEAD if gang[0].index > 0 else 0
         if len(gang) == 1:
-            # the first window's frame stage runs on its own frames; each later one's,
-            # until the sentence's own run (``_frame_stage_now``), on the next windows'
-            # too (one run per FRAME_AHEAD frames)
-            yield one(gang[0], FRAME_AHEAD if gang[0].index > 0 else 0)
+            yield one(gang[0], ahead)
             return
         if isinstance(backend, PreparedBackend):
             start, end = gang[0].ctx_start, gang[-1].ctx_end
@@ -1011,7 +1012,7 @@ class KokoroSynthesizer:
             grant = unit_grant()
             set_unit_grant(replace(grant, cores=len(gang)))
             try:
-                backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
+                backend.prepare(prosody, start, end, style, cancel, ahead)
             finally:
                 set_unit_grant(grant)
         helpers = self._helper_pool()
