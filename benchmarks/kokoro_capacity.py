@@ -99,6 +99,7 @@ ANSWER_S = (1.5, 3.0)  # the caller answers this long after the audio has played
 GAP_S = 0.05  # a turn "has a gap" when one is longer than this
 TTFA_TARGET_MS = 500.0
 GAP_SHARE_TARGET = 0.05
+LIMIT_SHARE_TARGET = 0.70  # capacity as a share of the physical limit (issue target)
 TURN_LIMIT_S = 90.0  # a turn that takes longer than this is a failure
 SATURATE_CALLS = 6
 SATURATE_S = 20.0
@@ -591,7 +592,23 @@ def report(
         f"{demand:.2f} = {rate / demand:.2f} calls; capacity {capacity} = "
         f"{capacity / (rate / demand):.0%} of it"
     )
+    if math.isfinite(limit) and plan_rate > 0:
+        print(share_needs(limit, demand, plan_rate))
     print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def share_needs(limit: float, demand: float, rate: float) -> str:
+    """What ``LIMIT_SHARE_TARGET`` of the limit asks of the engine: capacity is a whole
+    number of calls, so the target needs ``ceil(share * limit)`` of them, and those ask
+    ``calls * demand`` audio s per s on average (as a share of ``rate``, the engine's
+    utilisation) and ``calls`` while all of them speak at once."""
+    calls = max(1, math.ceil(LIMIT_SHARE_TARGET * limit))
+    return (
+        f"{LIMIT_SHARE_TARGET:.0%} of the limit (plan) needs a capacity of {calls}: "
+        f"{calls} call(s) ask {calls * demand:.2f} audio s per s on average "
+        f"({calls * demand / rate:.0%} of the plan's {rate:.2f}) and {calls} "
+        f"({calls / rate:.0%}) while all of them speak"
+    )
 
 
 def print_rss(rss: list[tuple[float, float]]) -> None:

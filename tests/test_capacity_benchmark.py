@@ -1,4 +1,5 @@
-"""The capacity benchmark's bookkeeping: which turns started while another call spoke."""
+"""The capacity benchmark's bookkeeping: which turns started while another call spoke, and
+what a share of the physical limit asks of the engine."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kokoro_capacity import (
     Turn,
     another_speaks,
     overlap_line,
+    share_needs,
 )
 
 
@@ -37,3 +39,15 @@ def test_the_overlap_line_splits_the_turns() -> None:
     line = overlap_line(r)
     assert "another call spoke: 2, TTFA p50 700 ms p95 900 ms" in line
     assert "the others: 2, p50 300 ms p95 320 ms" in line
+
+
+def test_a_share_of_the_limit_is_a_whole_number_of_calls_and_their_load() -> None:
+    # 3.44 audio s per s on all cores, a call asking 0.77: the limit is 4.47 calls, and
+    # 70 % of it (3.13) needs 4 calls: 3.08 audio s per s (90 %), 4 (116 %) at once
+    line = share_needs(3.44 / 0.77, 0.77, 3.44)
+    assert "needs a capacity of 4: 4 call(s) ask 3.08 audio s per s on average (90% of" in line
+    assert "and 4 (116%) while all of them speak" in line
+    # a box half as fast: 70 % of 2.23 calls (1.56) needs 2 calls
+    assert "needs a capacity of 2: 2 call(s) ask 1.54 audio s per s" in share_needs(
+        1.72 / 0.77, 0.77, 1.72
+    )
