@@ -28,10 +28,13 @@ own audio cut 0.05, 0.1, 0.15, 0.2, 0.3 and 0.5 s after its speech was heard "ca
 ``FRAMINGS`` (from 50 ms before its speech, by one trimmer, to each of those lengths
 after it, silence added where the audio is shorter) and its word errors are summed
 over them: the comparison is of the speech, not of where each mode's silence ends.
-The whole-utterance mode may come back at most one word error per framing worse than
-kokoro-onnx, the windowed modes at most three (the goal, one, is an expected failure,
-not strict: measured 3.0-3.25 against 2.5 per framing, 4.0 before the later windows
-took the sentence's own frame-stage statistics).
+Every mode of ours may come back at most one word error per framing worse than
+kokoro-onnx (the issue's target). Measured natively: streamed and 32-frame windows 3.25
+against 2.5 per framing, the whole-utterance mode 2.0; with AVX-512 hidden from
+onnxruntime (``benchmarks/cpuid_avx2.c``): 3.25 and 3.0 against 2.5, whole 2.25. The
+windowed modes were at 4.0 before the later windows took the sentence's own frame-stage
+statistics. The audio is the same bit for bit from run to run on one machine; another
+CPU's int8 kernels move borderline words (kokoro-onnx's own among them).
 """
 
 from __future__ import annotations
@@ -216,25 +219,12 @@ def test_whole_utterance_mode_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> N
     assert heard.errors["whole"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
 
 
-def test_streamed_speech_loses_at_most_a_few_words_more_than_kokoro_onnx(heard: Heard) -> None:
-    # a guard against regressions: with the voice's instance-norm statistics the windows
-    # were heard with 1.5 errors more than kokoro-onnx per framing, 0.5-0.75 more with
-    # the later ones on the sentence's own frame-stage statistics (each window's own
-    # statistics: 6 more); the goal (at most one more) is the expected failure below
-    assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
-    assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + margin(3), heard.table
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="met by one word or less, and the decoder's noise source differs per run: with "
-    "the later windows on the sentence's own frame-stage statistics, streamed 3.0-3.25 "
-    "and 32-frame windows 3.25 word errors of 105 per framing vs kokoro-onnx 2.5 (the windows "
-    "all on the voice's: 4.0 and 4.0). 'spell' heard as 'spare' is the generator's "
-    "statistics (each sentence's own: 'spell'; pooled over frames, per sentence or at the "
-    "sentence's style row: 'spare'); 'due' heard as 'to' at some framings, as kokoro-onnx "
-    "is heard, where the whole-utterance mode is not",
-)
 def test_streamed_speech_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
+    # measured 13 against kokoro-onnx's 10 (of 105 words x 4 framings), natively and with
+    # AVX-512 hidden from onnxruntime (benchmarks/cpuid_avx2.c), where kokoro-onnx lost
+    # other words: the audio is the same bit for bit from run to run on one machine.
+    # 'spell' heard as 'spare' is the generator's statistics (each sentence's own: 'spell';
+    # pooled over frames, per sentence or at the sentence's style row: 'spare'); 'due'
+    # heard as 'to' at some framings, as kokoro-onnx is heard
     assert heard.errors["streamed"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
     assert heard.errors["smallest"] <= heard.errors["kokoro-onnx"] + margin(1), heard.table
