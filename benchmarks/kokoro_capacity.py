@@ -573,6 +573,9 @@ def report(
             f"{r.turns:6d} {share:6.0%} {r.max_gap_ms:7.0f} {r.underruns:9.0f}  "
             f"{'yes' if ok else 'no'}"
         )
+    few = few_turns_line(results)
+    if few:
+        print(few)
     one = next((r for r in results if r.n == 1 and r.cycle_s > 0), None)
     demand = one.audio_s / one.cycle_s if one is not None else float("nan")
     print()
@@ -595,6 +598,21 @@ def report(
     if math.isfinite(limit) and plan_rate > 0:
         print(share_needs(limit, demand, plan_rate))
     print("load average (1/5/15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def few_turns_line(results: list[Result]) -> str:
+    """A warning for the N whose turns are too few for the gap rule to allow one gapped
+    turn (under ``1 / GAP_SHARE_TARGET``): there one gap fails the N, so the capacity of
+    a short run says less than it seems; empty when every N had enough."""
+    least = math.ceil(1 / GAP_SHARE_TARGET)
+    few = [r for r in results if 0 < r.turns < least]
+    if not few:
+        return ""
+    ns = ", ".join(f"N={r.n} ({r.turns})" for r in few)
+    return (
+        f"too few turns for the gap rule: {ns}; one gapped turn is over "
+        f"{GAP_SHARE_TARGET:.0%} below {least} turns (--seconds longer tells N from N+1)"
+    )
 
 
 def share_needs(limit: float, demand: float, rate: float) -> str:

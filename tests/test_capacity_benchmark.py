@@ -13,6 +13,7 @@ from kokoro_capacity import (
     Result,
     Turn,
     another_speaks,
+    few_turns_line,
     overlap_line,
     share_needs,
 )
@@ -51,3 +52,13 @@ def test_a_share_of_the_limit_is_a_whole_number_of_calls_and_their_load() -> Non
     assert "needs a capacity of 2: 2 call(s) ask 1.54 audio s per s" in share_needs(
         1.72 / 0.77, 0.77, 1.72
     )
+
+
+def test_runs_with_too_few_turns_for_the_gap_rule_are_named() -> None:
+    def result(n: int, turns: int) -> Result:
+        return Result(n, [300.0] * turns, turns, 0, 0.0, 0.0, 0, 8.0, 20.0, [])
+
+    line = few_turns_line([result(1, 6), result(2, 12), result(3, 20)])
+    assert "N=1 (6), N=2 (12);" in line  # under 20 turns one gap is over 5 %
+    assert "N=3" not in line
+    assert few_turns_line([result(2, 20), result(3, 41)]) == ""
