@@ -24,6 +24,7 @@ from engines.kokoro.models import ModelFileError
 from engines.kokoro.pacing import SAFETY
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer, _DecodeSpeed
 from engines.kokoro.windows import FIXED_STATS_SHAPE
+from engines.runtime.cpus import available_cpus
 from engines.runtime.synth import (
     SAMPLE_RATE,
     CallState,
@@ -31,6 +32,7 @@ from engines.runtime.synth import (
     SynthesisCancelled,
     SynthesisError,
     Synthesizer,
+    UnitGrant,
     VoiceNotFound,
 )
 
@@ -247,6 +249,51 @@ def test_warm_up(kokoro_synth: KokoroSynthesizer) -> None:
     before = kokoro_synth.stats()["units"]
     kokoro_synth.warm_up()
     assert kokoro_synth.stats()["units"] >= before + 2
+
+
+def test_warm_up_measures_every_speed_afresh(kokoro_models_dir: Path) -> None:
+    """A calibration cached while other work held the cores must not pace the calls: the
+    warm-up replaces each estimate (one thread, every core wide, and every core busy at
+    once) with what it measures now, where averaging would keep most of a stale one. The
+    engine as it runs (its own speeds, no pinned pace), so that gangs may form."""
+    synth = KokoroSynthesizer(KokoroConfig(models_dir=kokoro_models_dir))
+    synth.load()
+    try:
+        cpus = available_cpus()
+        # the intra-op threads of a unit granted one core, and every core (the backend's)
+        one = synth._threads_for(UnitGrant(1, cpus, 0))
+        wide = synth._threads_for(UnitGrant(cpus, cpus, 0))
+        # compute s per audio s: far slower, and far faster, than any machine running
+        # the tests (the fast crowded one makes a gang look best: the warm-up must not
+        # form one, or the wide speed goes unmeasured)
+        slow, fast = 8.0, 0.05
+        speed = synth._speed
+        speed.seed(one, slow)
+        speed.seed(wide, slow)
+        speed.seed(one, fast, crowded=True)
+        synth.warm_up()
+        assert speed.rtf(one) < slow / 2
+        assert speed.rtf(wide) < slow / 2
+        if cpus > 1:
+            assert speed._by_key[one, True].value > 2 * fast
+    finally:
+        synth.close()
+
+
+def test_a_remeasured_estimate_is_replaced_then_averaged() -> None:
+    speed = _DecodeSpeed(prior=0.5)
+    speed.seed(2, 0.7)
+    speed.seed(1, 0.9, crowded=True)
+    speed.remeasure()
+    assert speed.rtf(2) == pytest.approx(0.7)  # stands until measured
+    speed.update(2, 1.0, 0.28)
+    assert speed.rtf(2) == pytest.approx(0.28)  # replaced, not averaged with 0.7
+    assert speed.safety() == SAFETY  # the replacing decode is no surprise
+    speed.update(2, 1.0, 0.38)
+    assert 0.28 < speed.rtf(2) < 0.38  # then averaged again
+    assert speed.rtf(1, crowded=True) == pytest.approx(0.9)
+    speed.update(1, 1.0, 0.45, crowded=True)
+    assert speed.rtf(1, crowded=True) == pytest.approx(0.45)
 
 
 def test_missing_model_file_named(tmp_path: Path) -> None:

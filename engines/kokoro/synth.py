@@ -68,7 +68,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from contextlib import closing
@@ -312,6 +312,7 @@ class _DecodeSpeed:
     def __init__(self, prior: float = DECODE_RTF_PRIOR) -> None:
         self.prior = prior
         self._by_key: dict[tuple[int, bool], StepEstimate] = {}
+        self._stale: set[tuple[int, bool]] = set()
         self._surprise = Surprise()
         self._lock = threading.Lock()
 
@@ -329,9 +330,20 @@ class _DecodeSpeed:
             return
         with self._lock:
             est = self._by_key.setdefault((threads, crowded), StepEstimate())
+            if (threads, crowded) in self._stale:  # replaced, not averaged (``remeasure``)
+                self._stale.discard((threads, crowded))
+                est.n = 0
             if est.n:  # against a measured or calibrated estimate, not the prior
                 self._surprise.add(est.value, compute_s / decoded_s)
             est.add(compute_s / decoded_s)
+
+    def remeasure(self) -> None:
+        """The next decode measured for each estimate replaces it instead of joining its
+        average (until then it stands): a start's warm-up measures the machine as it is
+        now, where the cached calibration may have been taken while other work held the
+        cores (a calibration under load seeded a 2-thread estimate twice the machine's)."""
+        with self._lock:
+            self._stale = set(self._by_key)
 
     def safety(self) -> float:
         """The start planner's margin on these estimates (``pacing`` Rule 4)."""
@@ -400,6 +412,7 @@ class KokoroSynthesizer:
         self._norms: VoiceNorms | None = None
         self._wide_units = 0  # units granted more than one core (``WIDE_RETRY``)
         self._gang_checks = 0  # gangs considered and not measured faster (``WIDE_RETRY``)
+        self._warming = False  # ``warm_up``: every core decodes one window (no gang)
         self._in_progress = 0  # utterances started and not finished (``voice_norms``)
         #: threads that decode a gang's windows after its first (``_decode``)
         self._helpers: ThreadPoolExecutor | None = None
@@ -596,18 +609,38 @@ class KokoroSynthesizer:
         return PlanInfo(name=name, source=source, rtf=rtf, capacity=capacity)
 
     def warm_up(self) -> None:
-        """One short synthesis per language, with one thread and with every core, so that
-        both decode speeds are measured before the first call."""
+        """One short synthesis per language with one thread, with every core (one wide
+        session, no gang) and with every core decoding one at the same time, so that each
+        decode speed is measured before the first call. Each one's first measurement here
+        replaces the cached calibration's (``_DecodeSpeed.remeasure``): that one may have
+        been taken while other work held the cores, and while gangs decode the windows
+        the wide speed is never measured again (a calibration under load left a 2-thread
+        estimate of 0.71 on a box that decodes at 0.28)."""
         cpus = available_cpus()
-        for grant in (UnitGrant(1, cpus, 0), UnitGrant(cpus, cpus, 0)):
+
+        def speak(texts: Sequence[str], grant: UnitGrant) -> None:
             set_unit_grant(grant)
             try:
-                for text in WARM_UP_TEXTS:
+                for text in texts:
                     state = CallState(call_id=0)
                     for _ in self._synthesize(text, state, CancelToken(), use_cache=False):
                         pass
             finally:
                 set_unit_grant(None)
+
+        self._speed.remeasure()
+        self._warming = True
+        try:
+            speak(WARM_UP_TEXTS, UnitGrant(1, cpus, 0))
+            speak(WARM_UP_TEXTS, UnitGrant(cpus, cpus, 0))
+            if cpus > 1:  # the crowded speed: every core decoding a sentence of its own
+                crowd = UnitGrant(1, cpus, cpus - 1)
+                texts = [[WARM_UP_TEXTS[i % len(WARM_UP_TEXTS)]] for i in range(cpus)]
+                with ThreadPoolExecutor(cpus, thread_name_prefix="kokoro-warm") as ex:
+                    for f in [ex.submit(speak, t, crowd) for t in texts]:
+                        f.result()
+        finally:
+            self._warming = False
 
     def voices(self) -> list[str]:
         return sorted(self._voices)
@@ -867,7 +900,9 @@ class KokoroSynthesizer:
         with self._stats_lock:
             self._wide_units += 1
             retry = self._wide_units % WIDE_RETRY == 0
-        if not retry and self._speed.rtf(wide) >= WIDE_MIN_GAIN * self._speed.rtf(1):
+        if retry or self._warming:
+            return
+        if self._speed.rtf(wide) >= WIDE_MIN_GAIN * self._speed.rtf(1):
             set_unit_grant(replace(grant, cores=1))
 
     def _gang_size(self, grant: UnitGrant, *, retry: bool = True) -> int:
@@ -878,7 +913,9 @@ class KokoroSynthesizer:
         every ``WIDE_RETRY``-th check (``retry``) tries it again, so the choice follows
         the machine's load."""
         want = self.config.parallel_windows
-        if want == 1 or grant.others > 0 or grant.cores < 2 or self._split_backend is None:
+        if want == 1 or self._warming or grant.others > 0 or grant.cores < 2:
+            return 1
+        if self._split_backend is None:
             return 1
         k = grant.cores if want is None else min(want, grant.cores)
         if want is not None:
@@ -889,7 +926,7 @@ class KokoroSynthesizer:
         one_at_a_time = 1 / min(self._speed.rtf(self._threads_for(grant)), self._speed.rtf(1))
         if gang >= GANG_MIN_GAIN * one_at_a_time:
             return k
-        if retry:
+        if retry or self._warming:
             with self._stats_lock:
                 self._gang_checks += 1
                 if self._gang_checks % WIDE_RETRY == 0:
