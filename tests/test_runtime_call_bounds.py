@@ -82,9 +82,12 @@ async def test_idle_call_evicted_after_idle_time() -> None:
     assert calls.sweep() == 1
     assert set(calls.calls) == {2}
     assert calls.calls_evicted == {"idle": 1, "cap": 0}
+    # the pool's grants count the calls the table holds (``UnitGrant.calls``)
+    assert calls.pool is not None and calls.pool.live_calls() == 1
     await asyncio.wait_for(task1, 5)  # its worker task is gone, not parked forever
     clock.t += 600
     assert calls.sweep() == 1 and not calls.calls
+    assert calls.pool.live_calls() == 0
     assert calls.calls_evicted["idle"] == 2
     # an evicted call is not "ended": text for it reopens it (fresh state)
     calls.on_speech_idle(1)

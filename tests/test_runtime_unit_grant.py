@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -188,3 +189,49 @@ def test_kokoro_decodes_windows_at_once_while_alone_and_that_measures_faster() -
     pinned = KokoroSynthesizer(KokoroConfig(assume_rtf=0.5), backend=_TwoSessions())  # type: ignore[arg-type]
     pinned._split_backend = pinned._backend  # type: ignore[assignment]
     assert pinned._gang_size(alone) == 1
+
+
+def test_a_grant_counts_the_calls_the_engine_serves() -> None:
+    """Calls connected but silent count too (``UnitGrant.calls``): any of them may send a
+    sentence at any moment; never fewer than the utterances in progress."""
+    pool = SynthesisPool(2, cpus=2)
+    pool.live_calls = lambda: 3
+    grants: list[UnitGrant] = []
+    done = threading.Event()
+    pool.submit(_job(_recording(grants, 2), done, pool), 0.0)
+    assert done.wait(10)
+    pool.live_calls = lambda: 0  # the call table emptied: the unit's own utterance counts
+    done = threading.Event()
+    pool.submit(_job(_recording(grants, 1), done, pool), 0.0)
+    assert done.wait(10)
+    pool.stop()
+    assert [g.calls for g in grants] == [3, 3, 1]
+    assert all(g.cores == 2 and g.others == 0 for g in grants)
+
+
+def test_kokoro_leaves_the_other_cores_free_while_one_keeps_up_and_other_calls_are_connected() -> (
+    None
+):
+    """Alone but with other calls connected, an utterance whose queued audio lets one
+    core decode long windows in time keeps to one core (``_solo_pace``): a gang or a
+    wide session holding every core made another call's start wait and stutter."""
+    from engines.kokoro.synth import SOLO_MIN_FRAMES, KokoroConfig, KokoroSynthesizer
+    from engines.kokoro.windows import FRAMES_PER_S
+
+    synth = KokoroSynthesizer(KokoroConfig(), backend=_TwoSessions())  # type: ignore[arg-type]
+    synth._speed.seed(1, 0.5)
+    synth._speed.seed(2, 0.3)
+    served = UnitGrant(cores=2, cpus=2, others=0, calls=2)
+    # one core decodes SOLO_MIN_FRAMES (and its context) by 85 % of the queue, less 0.1 s
+    enough = ((SOLO_MIN_FRAMES + 4) * 0.5 / FRAMES_PER_S + 0.1) / 0.85 + 0.05
+    pace = synth._solo_pace(served, enough, 2)
+    assert pace is not None and pace.gang == 1
+    assert pace.frame_s * FRAMES_PER_S == pytest.approx(0.5)  # one core's speed
+    assert synth._solo_pace(served, enough - 0.1, 2) is None  # too little queued: every core
+    assert synth._solo_pace(replace(served, calls=1), enough, 2) is None  # no other call
+    assert synth._solo_pace(replace(served, others=1), enough, 2) is None  # one core anyway
+    assert synth._solo_pace(replace(served, cores=1), enough, 2) is None
+    synth.config.parallel_windows = 2  # a forced gang is a gang
+    assert synth._solo_pace(served, enough, 2) is None
+    pinned = KokoroSynthesizer(KokoroConfig(assume_rtf=0.5), backend=_TwoSessions())  # type: ignore[arg-type]
+    assert pinned._solo_pace(served, enough, 2) is None  # plans independent of the machine

@@ -184,6 +184,12 @@ WIDE_RETRY = 8  # ... and tries it again every this many units
 #: of one window at a time on the faster session (wide or one thread); the gang's speed
 #: is measured as it is paced, by its slowest window (``--parallel-windows``)
 GANG_MIN_GAIN = 1.0
+#: ... but no more cores than one while one core keeps up with windows at least this
+#: long (2 s) with the audio queued ahead (``_solo_pace``): the others stay free for a
+#: call whose next sentence may arrive any moment (a gang holding both cores of a 2-vCPU
+#: box for 1.3 s made such a start take 555 ms and stutter, its prosody pass and
+#: first windows sharing a core with the gang's two)
+SOLO_MIN_FRAMES = 80
 PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
 #: decode compute of a sentence, with its windows' context frames and the prosody pass,
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
@@ -953,6 +959,21 @@ class KokoroSynthesizer:
         # interleave them); with a core each, long windows waste fewer context frames
         return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
+    def _solo_pace(self, grant: UnitGrant, ahead: float, context: int) -> Pace | None:
+        """One core's pace, when this utterance is alone on a unit granted several cores
+        while other calls are connected, and one core, with the ``ahead`` s of audio
+        queued, keeps up with windows of at least ``SOLO_MIN_FRAMES``: then the next
+        window runs on one core, and the other cores stay free for those calls' next
+        sentences. None: use every core (a gang or a wide session); so too with no other
+        call, a pinned speed or a forced gang."""
+        cfg = self.config
+        if grant.cores < 2 or grant.others > 0 or grant.calls < 2 or self._warming:
+            return None
+        if cfg.assume_rtf is not None or cfg.parallel_windows is not None:
+            return None
+        pace = Pace.from_rtf(self._speed.rtf(1))
+        return pace if next_window_frames(ahead, pace, context) >= SOLO_MIN_FRAMES else None
+
     def _ahead_s(self, state: CallState) -> float:
         """Audio queued ahead of the listener: the runtime's playback clock, which the
         runtime supplies to every synthesis it drives; a synthesis outside the runtime has
@@ -985,14 +1006,19 @@ class KokoroSynthesizer:
         if planner.done:
             return []
         grant = unit_grant()
-        k = self._gang_size(grant)
-        if k > 1:
-            set_unit_grant(replace(grant, cores=1))  # each window on one core
-        else:
-            self._narrow_if_wide_is_slower()
-        pace = self._pace(grant, k)
         if ahead is None:
             ahead = self._ahead_s(state)
+        solo = self._solo_pace(grant, ahead, context)
+        if solo is not None:
+            set_unit_grant(replace(grant, cores=1))
+            pace = solo
+        else:
+            k = self._gang_size(grant)
+            if k > 1:
+                set_unit_grant(replace(grant, cores=1))  # each window on one core
+            else:
+                self._narrow_if_wide_is_slower()
+            pace = self._pace(grant, k)
         per = next_window_frames(ahead, pace, context, planner.remaining, planner.min_frames)
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []

@@ -161,6 +161,8 @@ class CallManager:
             max_ahead_s=max_ahead_s,
             playback_clock=time.monotonic,
         )
+        if self.pool is not None:
+            self.pool.live_calls = lambda: len(self.table.calls)
         self._capacity = asyncio.Semaphore(max_concurrent)  # utterances synthesised at once
         self.waiting = 0  # utterances waiting for synthesis capacity
         self.running = 0  # utterances holding it

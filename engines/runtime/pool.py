@@ -102,6 +102,8 @@ class SynthesisPool:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self.busy = 0  # workers inside a step
+        #: the calls the engine serves now (``UnitGrant.calls``; the call table's count)
+        self.live_calls: Callable[[], int] = lambda: 1
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -176,7 +178,8 @@ class SynthesisPool:
         cores = 1 if waiting else max(1, self.cpus - (self.busy - 1))
         # utterances parked far ahead of their listener need no inference soon
         others = len(self._open) - self._queue.parked(now) - 1
-        return UnitGrant(cores=cores, cpus=self.cpus, others=max(0, others))
+        calls = max(1, self.live_calls(), others + 1)
+        return UnitGrant(cores=cores, cpus=self.cpus, others=max(0, others), calls=calls)
 
     def _take(self) -> tuple[Job, float, UnitGrant] | None:
         """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""

@@ -117,12 +117,15 @@ class UnitGrant:
     other unit is waiting for a worker, so one call can use the whole machine.
     ``cpus``: cores of the machine available to the engine. ``others``: other
     utterances in progress engine-wide (they share ``cpus`` with this one).
+    ``calls``: calls the engine serves now, speaking or not (any of them may send its
+    next sentence at any moment).
     A synthesiser reads it with ``unit_grant()`` inside ``next()``.
     """
 
     cores: int = 1
     cpus: int = 1
     others: int = 0
+    calls: int = 1
 
     @property
     def share(self) -> float:
