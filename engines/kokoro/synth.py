@@ -932,7 +932,7 @@ class KokoroSynthesizer:
         one_at_a_time = 1 / min(self._speed.rtf(self._threads_for(grant)), self._speed.rtf(1))
         if gang >= GANG_MIN_GAIN * one_at_a_time:
             return k
-        if retry or self._warming:
+        if retry:
             with self._stats_lock:
                 self._gang_checks += 1
                 if self._gang_checks % WIDE_RETRY == 0:
