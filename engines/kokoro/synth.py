@@ -921,7 +921,7 @@ class KokoroSynthesizer:
         want = self.config.parallel_windows
         if want == 1 or self._warming or grant.others > 0 or grant.cores < 2:
             return 1
-        if self._split_backend is None:
+        if self._split_backend is None:  # whole sentences: one window
             return 1
         k = grant.cores if want is None else min(want, grant.cores)
         if want is not None:
@@ -967,7 +967,7 @@ class KokoroSynthesizer:
         sentences. None: use every core (a gang or a wide session); so too with no other
         call, a pinned speed or a forced gang."""
         cfg = self.config
-        if grant.cores < 2 or grant.others > 0 or grant.calls < 2 or self._warming:
+        if grant.cores < 2 or grant.others > 0 or grant.calls < 2:
             return None
         if cfg.assume_rtf is not None or cfg.parallel_windows is not None:
             return None
