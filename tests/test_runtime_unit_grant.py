@@ -117,9 +117,20 @@ def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() 
     alone = synth._pace(UnitGrant(cores=2, cpus=2, others=0))
     two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))  # a core each
     three = synth._pace(UnitGrant(cores=1, cpus=2, others=2))
-    assert not alone.shared and not two.shared and three.shared
+    four = synth._pace(UnitGrant(cores=1, cpus=2, others=3))
+    assert not alone.shared and not two.shared and three.shared and four.shared
     assert two.frame_s == alone.frame_s  # a core each: no slower
-    assert three.frame_s == pytest.approx(alone.frame_s * 1.5)  # 2 cores, 3 utterances
+    # three need 3 x 0.5 x WINDOW_OVERHEAD (1.25) = 1.9 cores: two keep them all in real
+    # time, so each unit runs at one core's speed when its turn comes (the others' units,
+    # ahead of their listeners, wait); four need 2.5 cores: each gets its share of two
+    assert three.frame_s == alone.frame_s
+    assert four.frame_s == pytest.approx(alone.frame_s * 2)
+    slower = KokoroSynthesizer(KokoroConfig(assume_rtf=0.7), backend=_TwoSessions())  # type: ignore[arg-type]
+    lone = slower._pace(UnitGrant(cores=2, cpus=2, others=0))
+    # three need 2.6 cores at 0.7: shares again (2 cores, 3 utterances)
+    assert slower._pace(UnitGrant(cores=1, cpus=2, others=2)).frame_s == pytest.approx(
+        lone.frame_s * 1.5
+    )
 
 
 def test_kokoro_paces_shared_cores_at_the_crowded_speed_and_counts_capacity_by_it() -> None:

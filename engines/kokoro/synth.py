@@ -943,8 +943,11 @@ class KokoroSynthesizer:
         """Decode speed this utterance can count on for its next windows: all cores while
         it is alone (a ``gang`` of windows at once, one per core, at the speed of a core
         while all are busy; else one window at a time, on the widest session unless
-        that is slower), else its share of them (others' units interleave with its
-        own); ``shared`` (windows kept short) while utterances outnumber the cores."""
+        that is slower), else one core's speed while the cores keep every utterance in
+        progress in real time (each needs its crowded speed times ``WINDOW_OVERHEAD`` of a
+        core; those ahead of their listeners wait while this one's units run), and its
+        share of them beyond that (others' units interleave with its own); ``shared``
+        (windows kept short) while utterances outnumber the cores."""
         fixed = self.config.assume_rtf
         if grant.others == 0:
             if gang > 1:
@@ -954,7 +957,9 @@ class KokoroSynthesizer:
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
             return Pace.from_rtf(fixed if fixed is not None else best)
         rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
-        rtf /= min(1.0, grant.share)
+        if (grant.others + 1) * rtf * WINDOW_OVERHEAD > grant.cpus:
+            # more than the cores keep in real time: each gets its share of them
+            rtf /= min(1.0, grant.share)
         # short windows only while utterances outnumber the cores (the scheduler must
         # interleave them); with a core each, long windows waste fewer context frames
         return Pace.from_rtf(rtf, shared=grant.share < 1.0)
