@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from kokoro_helpers import (
     spy,
 )
 
+from engines.kokoro.backend import PROSODY_KEEP_TOKENS, OnnxBackend, Prosody
 from engines.kokoro.models import ModelFileError
 from engines.kokoro.pacing import SAFETY
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer, _DecodeSpeed
@@ -276,6 +278,32 @@ def test_warm_up_measures_every_speed_afresh(kokoro_models_dir: Path) -> None:
         assert speed.rtf(wide) < slow / 2
         if cpus > 1:
             assert speed._by_key[one, True].value > 2 * fast
+    finally:
+        synth.close()
+
+
+def test_warm_up_reserves_every_prosody_sessions_arena(
+    kokoro_models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each prosody session runs a pass of the longest length whose arena it keeps, so that
+    no sentence up to it maps new pages before its first audio (backend Rule 3)."""
+    synth = KokoroSynthesizer(KokoroConfig(models_dir=kokoro_models_dir))
+    synth.load()
+    try:
+        backend = synth._split_backend
+        assert isinstance(backend, OnnxBackend)
+        seen: list[tuple[int, object]] = []
+        real = backend.prosody
+
+        def prosody(tokens: Sequence[int], *args: Any) -> Prosody:
+            seen.append((len(tokens), backend.session("prosody")))
+            return real(tokens, *args)
+
+        monkeypatch.setattr(backend, "prosody", prosody)
+        synth.warm_up()
+        longest = {id(s) for n, s in seen if n == PROSODY_KEEP_TOKENS}
+        assert longest == {id(s) for s in backend.sessions["prosody"].values()}
+        assert max(n for n, _ in seen) == PROSODY_KEEP_TOKENS
     finally:
         synth.close()
 

@@ -83,6 +83,59 @@ def test_a_long_windows_memory_is_returned_when_it_ends(kokoro_models_dir: Path)
     assert kept < grew / 4, f"kept {kept:.0f} of the {grew:.0f} MB the long window needed"
 
 
+PROSODY = r"""
+import json, sys
+from pathlib import Path
+import numpy as np
+from engines.kokoro.backend import PROSODY_KEEP_TOKENS, OnnxBackend
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.synth import CancelToken
+
+def rss_mb():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("no VmRSS in /proc/self/status")
+
+synth = KokoroSynthesizer(KokoroConfig(models_dir=Path(sys.argv[1]), prompt_cache_mb=0))
+synth.load()
+assert synth.wait_for_voice_norms()  # no measurement beside the one measured here
+backend = synth._backend
+assert isinstance(backend, OnnxBackend) and synth.split
+text = ("Your package will arrive on Thursday between nine and noon, and the driver "
+        "will call you before he comes. ")
+tokens = []
+for w in synth.phonemize(text * 4).words:
+    tokens += ([synth.frontend.vocab.space or 0] if tokens else []) + list(w.tokens)
+short, long = tokens[:PROSODY_KEEP_TOKENS], tokens[:PROSODY_KEEP_TOKENS + 150]
+assert len(long) > PROSODY_KEEP_TOKENS, len(long)
+style = synth._voices[synth.default_voice][len(short) - 1].astype(np.float32)
+before = rss_mb()
+backend.prosody(short, style, 1.0, CancelToken())
+kept_short = rss_mb() - before
+backend.prosody(short, style, 1.0, CancelToken())
+again = rss_mb() - before
+backend.prosody(long, style, 1.0, CancelToken())
+print(json.dumps({"kept_short": kept_short, "again": again, "after_long": rss_mb() - before}))
+"""
+
+
+def test_a_prosody_pass_keeps_its_arena_up_to_a_bounded_length(kokoro_models_dir: Path) -> None:
+    """A sentence's prosody pass leaves its session's arena as it is (the next one needs no
+    new pages: faster before the first audio), up to ``PROSODY_KEEP_TOKENS``; the same
+    length again needs no more, and a longer pass gives all of it back."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", PROSODY, str(kokoro_models_dir)],
+        capture_output=True, text=True, cwd=root, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["kept_short"] > 20, got  # the arena of the pass is kept
+    assert got["again"] < got["kept_short"] + 5, got  # and reused
+    assert got["after_long"] < got["kept_short"] / 4, got  # a longer pass shrinks it
+
+
 #: Many blocks below the mmap threshold, freed but for every tenth (as a run's scratch
 #: leaves them), from a thread (its own arena, as the engine's workers have): glibc keeps
 #: the freed pages until ``trim_heap``.

@@ -81,6 +81,7 @@ import structlog
 
 from engines.kokoro import audio as audio_ops
 from engines.kokoro.backend import (
+    PROSODY_KEEP_TOKENS,
     Backend,
     MarkedBackend,
     OnnxBackend,
@@ -621,7 +622,8 @@ class KokoroSynthesizer:
         replaces the cached calibration's (``_DecodeSpeed.remeasure``): that one may have
         been taken while other work held the cores, and while gangs decode the windows
         the wide speed is never measured again (a calibration under load left a 2-thread
-        estimate of 0.71 on a box that decodes at 0.28)."""
+        estimate of 0.71 on a box that decodes at 0.28). Then the prosody sessions'
+        arenas are reserved (``_reserve_prosody_arenas``)."""
         cpus = available_cpus()
 
         def speak(texts: Sequence[str], grant: UnitGrant) -> None:
@@ -645,8 +647,27 @@ class KokoroSynthesizer:
                 with ThreadPoolExecutor(cpus, thread_name_prefix="kokoro-warm") as ex:
                     for f in [ex.submit(speak, t, crowd) for t in texts]:
                         f.result()
+            self._reserve_prosody_arenas(cpus)
         finally:
             self._warming = False
+
+    def _reserve_prosody_arenas(self, cpus: int) -> None:
+        """A prosody pass of ``PROSODY_KEEP_TOKENS`` tokens on each prosody session (one
+        thread, every core): their arenas, which such passes keep (backend Rule 3), are
+        at their bound from the start, so no sentence of up to that length maps new
+        pages before its first audio, and the engine's memory does not step up later in
+        a call when the first long sentence comes."""
+        if self._split_backend is None:
+            return
+        tokens = self._tokens_of(" ".join([PROBE_TEXT] * 8))[:PROSODY_KEEP_TOKENS]
+        voice = self._voices[self._default_voice]
+        style = voice[min(len(tokens), len(voice)) - 1].astype(np.float32)
+        for cores in sorted({1, cpus}):
+            set_unit_grant(UnitGrant(cores, cpus, 0))
+            try:
+                self._split_backend.prosody(tokens, style, 1.0, CancelToken())
+            finally:
+                set_unit_grant(None)
 
     def voices(self) -> list[str]:
         return sorted(self._voices)
