@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,19 +25,26 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/self/status and clear_refs"
 )
 
-MEASURE = r"""
+#: What every measuring script starts with: the kernel's figure of this process.
+STATUS = r"""
 import json, sys
 from pathlib import Path
-import numpy as np
-from engines.kokoro.backend import OnnxBackend
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
-from engines.runtime.synth import CancelToken
 
 def status_mb(field):
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise SystemExit(f"no {field} in /proc/self/status")
+"""
+#: ... and, for a script that measures the engine, its loaded backend (the model files'
+#: folder is the script's first argument) and a sentence to speak.
+ENGINE = (
+    STATUS
+    + r"""
+import numpy as np
+from engines.kokoro.backend import PROSODY_KEEP_TOKENS, OnnxBackend
+from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+from engines.runtime.synth import CancelToken
 
 synth = KokoroSynthesizer(KokoroConfig(models_dir=Path(sys.argv[1]), prompt_cache_mb=0))
 synth.load()
@@ -45,6 +53,12 @@ backend = synth._backend
 assert isinstance(backend, OnnxBackend) and synth.split
 text = ("Your package will arrive on Thursday between nine and noon, and the driver "
         "will call you before he comes.")
+"""
+)
+
+MEASURE = (
+    ENGINE
+    + r"""
 tokens = []
 for w in synth.phonemize(text).words:
     tokens += ([synth.frontend.vocab.space or 0] if tokens else []) + list(w.tokens)
@@ -62,6 +76,20 @@ before = status_mb("VmRSS")
 backend.decode(prosody, 0, 220, style, CancelToken())  # 5.5 s of audio at once
 print(json.dumps({"grew": status_mb("VmHWM") - before, "kept": status_mb("VmRSS") - before}))
 """
+)
+
+
+def _measure(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter in the repository root; its last line of
+    output, a JSON object."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True, text=True, cwd=root, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
 
 
 def test_glibc_mmap_threshold_is_fixed() -> None:
@@ -69,13 +97,7 @@ def test_glibc_mmap_threshold_is_fixed() -> None:
 
 
 def test_a_long_windows_memory_is_returned_when_it_ends(kokoro_models_dir: Path) -> None:
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(kokoro_models_dir)],
-        capture_output=True, text=True, cwd=root, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _measure(MEASURE, str(kokoro_models_dir))
     if "skip" in got:
         pytest.skip(got["skip"])
     grew, kept = got["grew"], got["kept"]
@@ -83,54 +105,32 @@ def test_a_long_windows_memory_is_returned_when_it_ends(kokoro_models_dir: Path)
     assert kept < grew / 4, f"kept {kept:.0f} of the {grew:.0f} MB the long window needed"
 
 
-PROSODY = r"""
-import json, sys
-from pathlib import Path
-import numpy as np
-from engines.kokoro.backend import PROSODY_KEEP_TOKENS, OnnxBackend
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
-from engines.runtime.synth import CancelToken
-
-def rss_mb():
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit("no VmRSS in /proc/self/status")
-
-synth = KokoroSynthesizer(KokoroConfig(models_dir=Path(sys.argv[1]), prompt_cache_mb=0))
-synth.load()
-assert synth.wait_for_voice_norms()  # no measurement beside the one measured here
-backend = synth._backend
-assert isinstance(backend, OnnxBackend) and synth.split
-text = ("Your package will arrive on Thursday between nine and noon, and the driver "
-        "will call you before he comes. ")
+PROSODY = (
+    ENGINE
+    + r"""
 tokens = []
-for w in synth.phonemize(text * 4).words:
+for w in synth.phonemize((text + " ") * 4).words:
     tokens += ([synth.frontend.vocab.space or 0] if tokens else []) + list(w.tokens)
 short, long = tokens[:PROSODY_KEEP_TOKENS], tokens[:PROSODY_KEEP_TOKENS + 150]
 assert len(long) > PROSODY_KEEP_TOKENS, len(long)
 style = synth._voices[synth.default_voice][len(short) - 1].astype(np.float32)
-before = rss_mb()
+before = status_mb("VmRSS")
 backend.prosody(short, style, 1.0, CancelToken())
-kept_short = rss_mb() - before
+kept_short = status_mb("VmRSS") - before
 backend.prosody(short, style, 1.0, CancelToken())
-again = rss_mb() - before
+again = status_mb("VmRSS") - before
 backend.prosody(long, style, 1.0, CancelToken())
-print(json.dumps({"kept_short": kept_short, "again": again, "after_long": rss_mb() - before}))
+after_long = status_mb("VmRSS") - before
+print(json.dumps({"kept_short": kept_short, "again": again, "after_long": after_long}))
 """
+)
 
 
 def test_a_prosody_pass_keeps_its_arena_up_to_a_bounded_length(kokoro_models_dir: Path) -> None:
     """A sentence's prosody pass leaves its session's arena as it is (the next one needs no
     new pages: faster before the first audio), up to ``PROSODY_KEEP_TOKENS``; the same
     length again needs no more, and a longer pass gives all of it back."""
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", PROSODY, str(kokoro_models_dir)],
-        capture_output=True, text=True, cwd=root, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _measure(PROSODY, str(kokoro_models_dir))
     assert got["kept_short"] > 20, got  # the arena of the pass is kept
     assert got["again"] < got["kept_short"] + 5, got  # and reused
     assert got["after_long"] < got["kept_short"] / 4, got  # a longer pass shrinks it
@@ -139,16 +139,11 @@ def test_a_prosody_pass_keeps_its_arena_up_to_a_bounded_length(kokoro_models_dir
 #: Many blocks below the mmap threshold, freed but for every tenth (as a run's scratch
 #: leaves them), from a thread (its own arena, as the engine's workers have): glibc keeps
 #: the freed pages until ``trim_heap``.
-FRAGMENT = r"""
-import ctypes, json, threading
-from pathlib import Path
+FRAGMENT = (
+    STATUS
+    + r"""
+import ctypes, threading
 from engines.kokoro.backend import fix_mmap_threshold, trim_heap
-
-def rss_mb():
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit("no VmRSS in /proc/self/status")
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -166,20 +161,15 @@ def fragment():
 
 t = threading.Thread(target=fragment)
 t.start(); t.join()
-before = rss_mb()
+before = status_mb("VmRSS")
 trimmed = trim_heap()
-print(json.dumps({"trimmed": trimmed, "before": before, "after": rss_mb()}))
+print(json.dumps({"trimmed": trimmed, "before": before, "after": status_mb("VmRSS")}))
 """
+)
 
 
 def test_trim_heap_returns_the_freed_pages_of_an_arena() -> None:
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", FRAGMENT], capture_output=True, text=True, cwd=root,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _measure(FRAGMENT)
     assert got["trimmed"], "no malloc_trim in this C library"
     # 180 MB were freed between the kept blocks; most of it must leave the process
     assert got["before"] - got["after"] > 120, got
