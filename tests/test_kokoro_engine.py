@@ -306,6 +306,14 @@ def test_warm_up_reserves_every_prosody_sessions_arena(
         assert max(n for n, _ in seen) == PROSODY_KEEP_TOKENS
     finally:
         synth.close()
+    # whole sentences (``--no-split``): no prosody stage to reserve, and the warm-up runs
+    whole = KokoroSynthesizer(KokoroConfig(models_dir=kokoro_models_dir, split=False))
+    whole.load()
+    try:
+        assert not whole.split
+        whole.warm_up()
+    finally:
+        whole.close()
 
 
 def test_a_remeasured_estimate_is_replaced_then_averaged() -> None:

@@ -657,7 +657,8 @@ class KokoroSynthesizer:
         at their bound from the start, so no sentence of up to that length maps new
         pages before its first audio, and the engine's memory does not step up later in
         a call when the first long sentence comes."""
-        if self._split_backend is None:
+        backend = self._split_backend
+        if backend is None or not self.split:  # whole sentences: no prosody stage
             return
         tokens = self._tokens_of(" ".join([PROBE_TEXT] * 8))[:PROSODY_KEEP_TOKENS]
         voice = self._voices[self._default_voice]
@@ -665,7 +666,7 @@ class KokoroSynthesizer:
         for cores in sorted({1, cpus}):
             set_unit_grant(UnitGrant(cores, cpus, 0))
             try:
-                self._split_backend.prosody(tokens, style, 1.0, CancelToken())
+                backend.prosody(tokens, style, 1.0, CancelToken())
             finally:
                 set_unit_grant(None)
 
