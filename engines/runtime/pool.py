@@ -10,6 +10,12 @@ RUNNING job is touched by a worker, so no generator is ever advanced from two
 threads at once.
 Rule 2: this file knows no sockets, calls or asyncio; ``deliver`` must be
 thread-safe (the loop passes ``call_soon_threadsafe``).
+Rule 3: a free worker does not start a unit that is not due soon while the loop holds
+a job (``OUT``): that job's next unit comes back within milliseconds and may be due
+sooner. The worker waits for it, at most ``RETURN_WAIT_S``, unless the ready unit is due
+within that wait. Without it (three calls on two cores, ``kokoro_capacity.py``), the
+worker that ended one utterance's unit went on with another's that had 1-3 s of audio
+queued, while the first one's listener ran dry behind it.
 
     NEW --submit--> QUEUED --worker pops--> RUNNING --step ends--> OUT | DONE
     OUT --requeue--> QUEUED          (cancelled: queued at the front, only closed)
@@ -42,6 +48,12 @@ from engines.runtime.synth import (
     set_unit_grant,
 )
 from engines.runtime.threads import lower_thread_priority
+
+#: Rule 3: how long a free worker waits at most for a job the loop holds before it takes
+#: a ready unit that is not due within that time (the loop sends a unit's packets and
+#: queues the job's next unit in about a millisecond; a loop held up longer does not
+#: hold the workers up with it)
+RETURN_WAIT_S = 0.05
 
 
 class JobState(enum.Enum):
@@ -89,11 +101,13 @@ class SynthesisPool:
         workers: int,
         clock: Callable[[], float] = time.monotonic,
         cpus: int | None = None,
+        return_wait_s: float = RETURN_WAIT_S,
     ) -> None:
         if workers < 1:
             raise ValueError(f"synthesis workers must be >= 1, got {workers}")
         self.workers = workers
         self.clock = clock
+        self.return_wait_s = return_wait_s  # Rule 3
         #: cores the units may use together (``UnitGrant``)
         self.cpus = max(1, cpus if cpus is not None else available_cpus())
         self._cond = threading.Condition()
@@ -184,8 +198,14 @@ class SynthesisPool:
     def _take(self) -> tuple[Job, float, UnitGrant] | None:
         """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""
         with self._cond:
+            since: float | None = None  # when this worker began to wait for a held job
             while True:
                 now = self.clock()
+                hold = 0.0 if self._stopping else self._return_wait(now, since)
+                if hold > 0:  # Rule 3
+                    since = time.monotonic() if since is None else since
+                    self._cond.wait(hold)
+                    continue
                 got = self._queue.pop(now, parked_too=self._stopping)
                 if got is None and self._stopping:
                     held = [j for j in self._open if j.state is JobState.OUT]
@@ -198,6 +218,20 @@ class SynthesisPool:
                     return got[0], got[1], self._grant(now)
                 wake = self._queue.next_ready_at(now)
                 self._cond.wait(None if wake is None else max(wake - now, 0.001))
+
+    def _return_wait(self, now: float, since: float | None) -> float:
+        """How much longer a free worker waits for a job the loop holds before it takes the
+        ready unit (Rule 3; called with the lock held): 0 when no job is held, none is
+        ready, the wait (``return_wait_s`` from ``since``, a ``time.monotonic`` time) is
+        over, or the ready unit is due within it."""
+        if self.return_wait_s <= 0 or not any(j.state is JobState.OUT for j in self._open):
+            return 0.0
+        due = self._queue.first_deadline(now)
+        if due is None:
+            return 0.0
+        t = time.monotonic()
+        left = (t if since is None else since) + self.return_wait_s - t
+        return left if left > 0 and due - now > left else 0.0
 
     def _work(self) -> None:
         lower_thread_priority()

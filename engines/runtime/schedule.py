@@ -73,9 +73,7 @@ class DeadlineQueue(Generic[T]):
     def remove(self, item: T) -> bool:
         return self._items.pop(id(item), None) is not None
 
-    def pop(self, now: float, *, parked_too: bool = False) -> tuple[T, float] | None:
-        """The ready item (any item with ``parked_too``) with the earliest deadline and how
-        long it waited since it was queued or became ready (s); ``None`` when none is."""
+    def _best(self, now: float, parked_too: bool) -> tuple[T, _Entry] | None:
         best: tuple[T, _Entry] | None = None
         for pair in self._items.values():
             e = pair[1]
@@ -83,11 +81,22 @@ class DeadlineQueue(Generic[T]):
                 continue
             if best is None or (e.deadline, e.seq) < (best[1].deadline, best[1].seq):
                 best = pair
+        return best
+
+    def pop(self, now: float, *, parked_too: bool = False) -> tuple[T, float] | None:
+        """The ready item (any item with ``parked_too``) with the earliest deadline and how
+        long it waited since it was queued or became ready (s); ``None`` when none is."""
+        best = self._best(now, parked_too)
         if best is None:
             return None
         item, e = best
         del self._items[id(item)]
         return item, max(0.0, now - max(e.queued_at, e.ready_at))
+
+    def first_deadline(self, now: float) -> float | None:
+        """The deadline of the item ``pop`` would return now; ``None`` when none is ready."""
+        best = self._best(now, False)
+        return None if best is None else best[1].deadline
 
     def next_ready_at(self, now: float) -> float | None:
         """The earliest time an item becomes ready (``now`` if one is ready already)."""

@@ -1,0 +1,102 @@
+"""Which unit a free worker of the inference pool takes next while the loop still holds
+another utterance's job (``engines.runtime.pool`` Rule 3): the job coming back may be due
+sooner than the one that is ready."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.synth import CancelToken, FloatArray
+
+#: the loop's hand-back of a unit, made slow enough that a worker which does not wait for
+#: it has long taken the other unit (no wall-clock bound is asserted)
+HAND_BACK_S = 0.3
+
+
+class _Units:
+    """Jobs whose units record their order; a job's next unit is queued by a stand-in for
+    the loop ``HAND_BACK_S`` after its step was delivered, due at ``due`` (pool clock)."""
+
+    def __init__(self, pool: SynthesisPool) -> None:
+        self.pool = pool
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+        self.done: dict[str, threading.Event] = {}
+        self.hand_back = threading.Event()  # cleared: the loop holds every step it gets
+        self.hand_back.set()
+
+    def job(self, name: str, units: int, due: float) -> Job:
+        holder: list[Job] = []
+        done = self.done[name] = threading.Event()
+
+        def gen() -> Iterator[FloatArray]:
+            for _ in range(units):
+                with self.lock:
+                    self.order.append(name)
+                yield np.zeros(240, np.float32)
+
+        def loop_side(step: Step) -> None:
+            time.sleep(HAND_BACK_S)
+            self.hand_back.wait(10)
+            self.pool.requeue(holder[0], self.pool.clock() + due)
+
+        def deliver(step: Step) -> None:
+            if step.finished:
+                done.set()
+            else:
+                threading.Thread(target=loop_side, args=(step,), daemon=True).start()
+
+        holder.append(Job(start=gen, token=CancelToken(), deliver=deliver, meter=PlaybackMeter()))
+        return holder[0]
+
+    def wait_for(self, count: int) -> None:
+        end = time.monotonic() + 10
+        while len(self.order) < count and time.monotonic() < end:
+            time.sleep(0.001)
+
+
+def _run(return_wait_s: float, *, ready_due: float) -> list[str]:
+    """One worker: ``a`` runs its first unit, ``b`` (due ``ready_due`` s from now) is
+    queued meanwhile, then ``a``'s next unit comes back from the loop, overdue: due before
+    ``b`` whichever ``ready_due``."""
+    pool = SynthesisPool(1, cpus=1, return_wait_s=return_wait_s)
+    units = _Units(pool)
+    units.hand_back.clear()
+    pool.submit(units.job("a", 2, due=-5.0), pool.clock())
+    units.wait_for(1)
+    pool.submit(units.job("b", 1, due=0.0), pool.clock() + ready_due)
+    units.hand_back.set()
+    assert units.done["a"].wait(10) and units.done["b"].wait(10)
+    pool.stop()
+    return units.order
+
+
+def test_a_free_worker_waits_for_the_held_job_before_a_unit_not_due_soon() -> None:
+    assert _run(5.0, ready_due=10.0) == ["a", "a", "b"]
+    # without the wait the worker takes the ready unit while the loop holds ``a``
+    assert _run(0.0, ready_due=10.0) == ["a", "b", "a"]
+
+
+def test_a_ready_unit_due_within_the_wait_is_not_held_back() -> None:
+    assert _run(5.0, ready_due=-1.0) == ["a", "b", "a"]
+
+
+def test_the_wait_for_a_held_job_is_bounded() -> None:
+    pool = SynthesisPool(1, cpus=1, return_wait_s=0.05)
+    units = _Units(pool)
+    units.hand_back.clear()  # the loop keeps ``a`` until ``b`` is done
+    pool.submit(units.job("a", 2, due=0.0), pool.clock())
+    units.wait_for(1)
+    pool.submit(units.job("b", 1, due=0.0), pool.clock() + 10.0)
+    units.wait_for(2)
+    assert units.order == ["a", "b"]  # ``b`` ran while the loop still held ``a``
+    units.hand_back.set()
+    assert units.done["a"].wait(10) and units.done["b"].wait(10)
+    pool.stop()
+    assert units.order == ["a", "b", "a"]
