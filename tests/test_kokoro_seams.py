@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from kokoro_helpers import shared_models_dir
 
+from engines.kokoro import windows
 from engines.kokoro.backend import OnnxBackend, Prosody
 from engines.kokoro.models import KOKORO_INT8_NAME
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
@@ -167,6 +168,10 @@ def cut_of(a: Decode, b: Decode, n: int) -> int:
 def test_each_window_is_decoded_with_the_configured_context(
     engine: KokoroSynthesizer, run: Run
 ) -> None:
+    check_context(engine, run)
+
+
+def check_context(engine: KokoroSynthesizer, run: Run) -> None:
     n = run.decodes[0].n_frames
     c = engine.config.window_context
     assert c > 0
@@ -211,6 +216,10 @@ def test_the_engine_output_at_every_join_is_seamless(run: Run) -> None:
     """At every join the output's sample step stays within the 99th percentile of the
     steps inside the windows, the crossfade is never steeper than either window's own
     rendering of that span, and it blends the two renderings."""
+    check_seamless(run)
+
+
+def check_seamless(run: Run) -> None:
     y = np.concatenate(run.pieces)
     cuts = [0, *run.joins, run.end]
 
@@ -255,3 +264,33 @@ def test_the_engine_output_at_every_join_is_seamless(run: Run) -> None:
             assert float(np.median(np.minimum(off_a, off_b) / gap)) >= 0.15, f"join {k}"
             blended += 1
     assert blended >= 1, "the renderings differ at some join (else nothing was tested)"
+
+
+#: How far before its predicted end the test cuts the sentence's decoding: into the
+#: last word ("close"), so the last window still speaks where it ends.
+EARLY_STOP_FRAMES = 30
+
+
+def test_speech_past_the_predicted_end_is_decoded_as_one_window_more(
+    engine: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the last window still speaks at its end (the predicted energy fell silent
+    too early), the frames after it are decoded as one window more, joined as any two
+    windows are (its context before the cut, a seamless join), not by decoding the
+    last window again to the sentence's end."""
+    real = windows.speech_stop
+    stops: list[int] = []
+
+    def early(energy: FloatArray, quiet: float, tail: int) -> int:
+        stops.append(max(1, real(energy, quiet, tail) - EARLY_STOP_FRAMES))
+        return stops[-1]
+
+    monkeypatch.setattr(windows, "speech_stop", early)
+    run = run_sentence(engine, SEAM_TEXT)
+    n = run.decodes[0].n_frames
+    assert len(stops) == 1
+    assert run.joins[-1] == stops[0], "the window before the added one ends where it stopped"
+    assert run.decodes[-1].end == n, "the added window goes to the sentence's end"
+    assert len({d.start for d in run.decodes}) == len(run.decodes), "no window decoded twice"
+    check_context(engine, run)
+    check_seamless(run)

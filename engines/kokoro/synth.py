@@ -1181,54 +1181,71 @@ class KokoroSynthesizer:
             while gang:
                 cancel.raise_if_cancelled()
                 grant = unit_grant()
+                # audio queued ahead of the listener when the unit began (debug log)
+                queued = self._ahead_s(state) if state.playback is not None else None
                 many = len(gang) > 1
                 threads = 1 if many else self._threads_for(grant)
                 crowded = many or _crowded(grant)  # a gang's windows keep every core busy
                 t_g = time.perf_counter()
                 frames = sum(w.decoded_frames for w in gang)
-                # (window, compute, when its decode ended, compute of a decode again to the end)
+                # (window, compute, when its decode ended, compute of a window after the last)
                 done: list[tuple[Window, float, float, float]] = []
                 with closing(self._decode(gang, prosody, style, cancel)) as decoded:
                     for w, (audio, compute, at) in zip(gang, decoded, strict=True):
                         done.append((w, compute, at, 0.0))
                         unrendered = w.last and planner.cut_tail > 0
+                        rest: Window | None = None
                         if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
-                            # speech where the energy predicted silence: decode to the end
-                            log.info("window_tail_extended", call_id=state.call_id, at=w.end)
-                            t_d = time.perf_counter()
-                            w = replace(w, end=planner.total, ctx_end=planner.total)
-                            audio = backend.decode(prosody, w.ctx_start, w.ctx_end, style, cancel)
-                            again = time.perf_counter() - t_d
-                            compute += again
-                            done[-1] = (w, compute, at, again)
+                            # speech where the energy predicted silence: the frames after
+                            # the window are one window more, joined as any two are
+                            rest = Window(
+                                w.index + 1,
+                                w.end,
+                                planner.total,
+                                max(0, w.end - shape.context),
+                                planner.total,
+                                last=True,
+                            )
+                            log.info(
+                                "window_tail_extended",
+                                call_id=state.call_id,
+                                at=w.end,
+                                frames=rest.frames,
+                            )
+                            w = replace(w, last=False)
                             unrendered = False
                         if not many:
                             self._speed.update(
                                 threads, w.decoded_frames / FRAMES_PER_S, compute, crowded=crowded
                             )
-                        raw = window_piece(audio, w, CROSSFADE_SAMPLES)
-                        piece = self._unit_edges(
-                            raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
-                        )
-                        if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
-                            # a last window in the trailing silence: the join keeps its
-                            # crossfade and the fade-out comes after it, not on it
-                            piece = raw[: 2 * CROSSFADE_SAMPLES]
-                        out = joiner.push(piece)
-                        if w.last:
-                            out = np.concatenate([out, joiner.finish()])
+                        out = self._piece(joiner, audio, w, unit, units, unrendered)
                         cancel.raise_if_cancelled()
                         emitted += len(out)
                         yield out  # a gang's first window while the others still decode
+                        if rest is not None:
+                            t_d = time.perf_counter()
+                            audio = backend.decode(
+                                prosody, rest.ctx_start, rest.ctx_end, style, cancel
+                            )
+                            again = time.perf_counter() - t_d
+                            done.append((rest, again, time.perf_counter(), again))
+                            if not many:
+                                decoded_s = rest.decoded_frames / FRAMES_PER_S
+                                self._speed.update(threads, decoded_s, again, crowded=crowded)
+                            out = self._piece(joiner, audio, rest, unit, units, False)
+                            cancel.raise_if_cancelled()
+                            emitted += len(out)
+                            yield out
                 # the gang was ready when its slowest window was: its wall time on its
                 # cores paces the next gangs, and is its windows' inference time, as a
                 # wide session's is counted (shared by their frames)
-                gang_s = max(at for _, _, at, _ in done) - t_g
+                gang_s = max(at for _, _, at, again in done if not again) - t_g
                 if many:
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
                     self._speed.update(1, longest, gang_s, crowded=True)
                 for w, compute, _, again in done:
-                    spent = gang_s * w.decoded_frames / frames + again if many else compute
+                    # (a window after the last, decoded alone after the gang: its own time)
+                    spent = again or (gang_s * w.decoded_frames / frames if many else compute)
                     self._count(
                         windows=1,
                         decode_ms=spent * 1000,
@@ -1247,6 +1264,8 @@ class KokoroSynthesizer:
                         prosody_ms=round(prosody_s * 1000, 1) if w.index == 0 else None,
                         threads=threads,
                         parallel=len(gang),
+                        others=grant.others,
+                        queued_ms=None if queued is None else round(queued * 1000),
                     )
                 ahead = self._ahead_s(state) if state.playback is not None else None
                 cost = self._frame_stage_now(planner, prosody, ahead, shape.context)
@@ -1259,6 +1278,30 @@ class KokoroSynthesizer:
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
                 planned = None if cost is None or ahead is None else ahead - cost
                 gang = self._next_gang(planner, state, shape.context, planned)
+
+    def _piece(
+        self,
+        joiner: audio_ops.Joiner,
+        audio: FloatArray,
+        w: Window,
+        unit: Phrase,
+        units: list[Phrase],
+        unrendered: bool,
+    ) -> FloatArray:
+        """The output of window ``w``'s decoded ``audio``: its kept frames (with the
+        unit's edges on the first and last window), through the ``joiner``."""
+        raw = window_piece(audio, w, CROSSFADE_SAMPLES)
+        piece = self._unit_edges(
+            raw, unit, units, head=w.index == 0, tail=w.last, unrendered=unrendered
+        )
+        if w.last and w.index > 0 and len(piece) < 2 * CROSSFADE_SAMPLES:
+            # a last window in the trailing silence: the join keeps its
+            # crossfade and the fade-out comes after it, not on it
+            piece = raw[: 2 * CROSSFADE_SAMPLES]
+        out = joiner.push(piece)
+        if w.last:
+            out = np.concatenate([out, joiner.finish()])
+        return out
 
     def _plan_start(
         self,
