@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from engines.runtime.playback import PlaybackMeter
-from engines.runtime.pool import Job, Step, SynthesisPool
+from engines.runtime.pool import Job, JobState, Step, SynthesisPool
 from engines.runtime.synth import CancelToken, FloatArray
 
 #: the loop's hand-back of a unit, made slow enough that a worker which does not wait for
@@ -100,3 +100,42 @@ def test_the_wait_for_a_held_job_is_bounded() -> None:
     assert units.done["a"].wait(10) and units.done["b"].wait(10)
     pool.stop()
     assert units.order == ["a", "b", "a"]
+
+
+def test_a_worker_that_takes_the_returned_job_wakes_another_for_the_unit_left_ready() -> None:
+    """Two workers: one waits for ``a`` (held by the loop) before ``b``, which is not due
+    soon; when ``a`` comes back and a worker takes it, ``b`` is still ready, and another
+    worker takes it at once, not when its wait for ``a`` ends."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=5.0)
+    b_ran = threading.Event()
+    seen: list[bool] = []
+    units = _Units(pool)
+
+    def b_gen() -> Iterator[FloatArray]:
+        b_ran.set()
+        yield np.zeros(240, np.float32)
+
+    def a_second() -> Iterator[FloatArray]:
+        yield np.zeros(240, np.float32)
+        seen.append(b_ran.wait(HAND_BACK_S * 5))  # ``b`` runs beside this unit
+        yield np.zeros(240, np.float32)
+
+    a = units.job("a", 0, due=-5.0)
+    a.start = a_second
+    units.hand_back.clear()
+    pool.submit(a, pool.clock())
+    end = time.monotonic() + 10
+    while a.state is not JobState.OUT and time.monotonic() < end:  # the loop holds ``a``
+        time.sleep(0.001)
+    b_done = threading.Event()
+    b = Job(
+        start=b_gen,
+        token=CancelToken(),
+        deliver=lambda step: b_done.set() if step.finished else None,
+        meter=PlaybackMeter(),
+    )
+    pool.submit(b, pool.clock() + 10.0)
+    units.hand_back.set()
+    assert units.done["a"].wait(10)
+    pool.stop()
+    assert seen == [True]

@@ -15,7 +15,8 @@ a job (``OUT``): that job's next unit comes back within milliseconds and may be 
 sooner. The worker waits for it, at most ``RETURN_WAIT_S``, unless the ready unit is due
 within that wait. Without it (three calls on two cores, ``kokoro_capacity.py``), the
 worker that ended one utterance's unit went on with another's that had 1-3 s of audio
-queued, while the first one's listener ran dry behind it.
+queued, while the first one's listener ran dry behind it. A worker that takes a unit
+while another is still ready wakes a further worker for it (one may be waiting here).
 
     NEW --submit--> QUEUED --worker pops--> RUNNING --step ends--> OUT | DONE
     OUT --requeue--> QUEUED          (cancelled: queued at the front, only closed)
@@ -215,6 +216,8 @@ class SynthesisPool:
                 if got is not None:
                     got[0].state = JobState.RUNNING
                     self.busy += 1
+                    if self._queue.ready(now):  # the notify this worker waited past
+                        self._cond.notify()
                     return got[0], got[1], self._grant(now)
                 wake = self._queue.next_ready_at(now)
                 self._cond.wait(None if wake is None else max(wake - now, 0.001))
