@@ -12,8 +12,9 @@ Rule 2: this file knows no sockets, calls or asyncio; ``deliver`` must be
 thread-safe (the loop passes ``call_soon_threadsafe``).
 Rule 3: a free worker does not start a unit that is not due soon while the loop holds
 a job (``OUT``): that job's next unit comes back within milliseconds and may be due
-sooner. The worker waits for it, at most ``RETURN_WAIT_S``, unless the ready unit is due
-within that wait. Without it (three calls on two cores, ``kokoro_capacity.py``), the
+sooner. The worker waits for it, until ``RETURN_WAIT_S`` after that job went to the
+loop (a loop held up longer, by a slow socket say, does not hold the workers up), unless
+the ready unit is due within that wait. Without it (three calls on two cores, ``kokoro_capacity.py``), the
 worker that ended one utterance's unit went on with another's that had 1-3 s of audio
 queued, while the first one's listener ran dry behind it. A worker that takes a unit
 while another is still ready wakes a further worker for it (one may be waiting here).
@@ -92,6 +93,7 @@ class Job:
     state: JobState = JobState.NEW
     steps: int = 0
     compute_s: float = 0.0
+    out_at: float = -math.inf  # when its last step went to the loop (``time.monotonic``)
 
 
 class SynthesisPool:
@@ -199,12 +201,10 @@ class SynthesisPool:
     def _take(self) -> tuple[Job, float, UnitGrant] | None:
         """Block until a job is ready (or, when stopping, any open job); ``None``: exit."""
         with self._cond:
-            since: float | None = None  # when this worker began to wait for a held job
             while True:
                 now = self.clock()
-                hold = 0.0 if self._stopping else self._return_wait(now, since)
+                hold = 0.0 if self._stopping else self._return_wait(now)
                 if hold > 0:  # Rule 3
-                    since = time.monotonic() if since is None else since
                     self._cond.wait(hold)
                     continue
                 got = self._queue.pop(now, parked_too=self._stopping)
@@ -222,19 +222,19 @@ class SynthesisPool:
                 wake = self._queue.next_ready_at(now)
                 self._cond.wait(None if wake is None else max(wake - now, 0.001))
 
-    def _return_wait(self, now: float, since: float | None) -> float:
+    def _return_wait(self, now: float) -> float:
         """How much longer a free worker waits for a job the loop holds before it takes the
-        ready unit (Rule 3; called with the lock held): 0 when no job is held, none is
-        ready, the wait (``return_wait_s`` from ``since``, a ``time.monotonic`` time) is
-        over, or the ready unit is due within it."""
-        if self.return_wait_s <= 0 or not any(j.state is JobState.OUT for j in self._open):
+        ready unit (Rule 3; called with the lock held): until ``return_wait_s`` after the
+        last job still held was handed to the loop; 0 when none is held (or all for
+        longer), none is ready, or the ready unit is due within the wait."""
+        held = [j.out_at for j in self._open if j.state is JobState.OUT]
+        if self.return_wait_s <= 0 or not held:
+            return 0.0
+        left = max(held) + self.return_wait_s - time.monotonic()
+        if left <= 0:
             return 0.0
         due = self._queue.first_deadline(now)
-        if due is None:
-            return 0.0
-        t = time.monotonic()
-        left = (t if since is None else since) + self.return_wait_s - t
-        return left if left > 0 and due - now > left else 0.0
+        return left if due is not None and due - now > left else 0.0
 
     def _work(self) -> None:
         lower_thread_priority()
@@ -257,6 +257,7 @@ class SynthesisPool:
                         self._open.discard(job)
                     else:
                         job.state = JobState.OUT
+                        job.out_at = time.monotonic()
                     if self._stopping:
                         self._cond.notify_all()
                 job.deliver(step)
