@@ -85,7 +85,12 @@ def test_pop_order_is_sorted_by_deadline_among_ready_items(
     for it, (dl, ready) in zip(items, es, strict=True):
         q.push(it, dl, now=-2e3, ready_at=ready)
     popped = []
-    while (got := q.pop(now)) is not None:
+    while True:
+        first = q.first_deadline(now)  # what pop is about to return, not taking it
+        if (got := q.pop(now)) is None:
+            assert first is None
+            break
+        assert first == es[int(got[0].name)][0]
         popped.append(got[0])
         assert got[1] >= 0
     ready = [(dl, i) for i, (dl, r) in enumerate(es) if r <= now]

@@ -13,11 +13,12 @@ thread-safe (the loop passes ``call_soon_threadsafe``).
 Rule 3: a free worker does not start a unit that is not due soon while the loop holds
 a job (``OUT``): that job's next unit comes back within milliseconds and may be due
 sooner. The worker waits for it, until ``RETURN_WAIT_S`` after that job went to the
-loop (a loop held up longer, by a slow socket say, does not hold the workers up), unless
-the ready unit is due within that wait. Without it (three calls on two cores, ``kokoro_capacity.py``), the
-worker that ended one utterance's unit went on with another's that had 1-3 s of audio
-queued, while the first one's listener ran dry behind it. A worker that takes a unit
-while another is still ready wakes a further worker for it (one may be waiting here).
+loop (a loop held up longer, by a slow socket say, does not hold the workers up),
+unless the ready unit is due within that wait. Without it (three calls on two cores,
+``kokoro_capacity.py``), the worker that ended one utterance's unit went on with
+another's that had 1-3 s of audio queued, while the first one's listener ran dry
+behind it. A worker that takes a unit while another is still ready wakes a further
+worker for it (one may be waiting here).
 
     NEW --submit--> QUEUED --worker pops--> RUNNING --step ends--> OUT | DONE
     OUT --requeue--> QUEUED          (cancelled: queued at the front, only closed)
@@ -51,10 +52,10 @@ from engines.runtime.synth import (
 )
 from engines.runtime.threads import lower_thread_priority
 
-#: Rule 3: how long a free worker waits at most for a job the loop holds before it takes
-#: a ready unit that is not due within that time (the loop sends a unit's packets and
-#: queues the job's next unit in about a millisecond; a loop held up longer does not
-#: hold the workers up with it)
+#: Rule 3: a free worker waits for a job the loop holds until this long after the job went
+#: to the loop, before it takes a ready unit that is not due within that time (the loop
+#: sends a unit's packets and queues the job's next unit in about a millisecond; a loop
+#: held up longer does not hold the workers up with it)
 RETURN_WAIT_S = 0.05
 
 
