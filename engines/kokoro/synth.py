@@ -1188,24 +1188,17 @@ class KokoroSynthesizer:
                 crowded = many or _crowded(grant)  # a gang's windows keep every core busy
                 t_g = time.perf_counter()
                 frames = sum(w.decoded_frames for w in gang)
-                # (window, compute, when its decode ended, compute of a window after the last)
-                done: list[tuple[Window, float, float, float]] = []
+                # (window, compute, when its decode ended)
+                done: list[tuple[Window, float, float]] = []
                 with closing(self._decode(gang, prosody, style, cancel)) as decoded:
                     for w, (audio, compute, at) in zip(gang, decoded, strict=True):
-                        done.append((w, compute, at, 0.0))
+                        done.append((w, compute, at))
                         unrendered = w.last and planner.cut_tail > 0
                         rest: Window | None = None
                         if unrendered and _speaks_to_end(audio, w.end - w.ctx_start):
                             # speech where the energy predicted silence: the frames after
                             # the window are one window more, joined as any two are
-                            rest = Window(
-                                w.index + 1,
-                                w.end,
-                                planner.total,
-                                max(0, w.end - shape.context),
-                                planner.total,
-                                last=True,
-                            )
+                            rest = planner.past_end()
                             log.info(
                                 "window_tail_extended",
                                 call_id=state.call_id,
@@ -1228,7 +1221,7 @@ class KokoroSynthesizer:
                                 prosody, rest.ctx_start, rest.ctx_end, style, cancel
                             )
                             again = time.perf_counter() - t_d
-                            done.append((rest, again, time.perf_counter(), again))
+                            done.append((rest, again, time.perf_counter()))
                             if not many:
                                 decoded_s = rest.decoded_frames / FRAMES_PER_S
                                 self._speed.update(threads, decoded_s, again, crowded=crowded)
@@ -1239,13 +1232,14 @@ class KokoroSynthesizer:
                 # the gang was ready when its slowest window was: its wall time on its
                 # cores paces the next gangs, and is its windows' inference time, as a
                 # wide session's is counted (shared by their frames)
-                gang_s = max(at for _, _, at, again in done if not again) - t_g
+                gang_s = max(at for w, _, at in done if w in gang) - t_g
                 if many:
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
                     self._speed.update(1, longest, gang_s, crowded=True)
-                for w, compute, _, again in done:
-                    # (a window after the last, decoded alone after the gang: its own time)
-                    spent = again or (gang_s * w.decoded_frames / frames if many else compute)
+                for w, compute, _ in done:
+                    # (a window past the end is decoded alone after the gang: its own time)
+                    shared = many and w in gang
+                    spent = gang_s * w.decoded_frames / frames if shared else compute
                     self._count(
                         windows=1,
                         decode_ms=spent * 1000,

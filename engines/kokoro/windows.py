@@ -301,6 +301,21 @@ class WindowPlanner:
         self.count += 1
         return w
 
+    def past_end(self) -> Window:
+        """The frames after the decoded end to the sentence's end (its trailing silence,
+        where the last window still speaks after all), as one window more: its context
+        before the cut as any window has, and the last."""
+        w = Window(
+            index=self.count,
+            start=self.n,
+            end=self.total,
+            ctx_start=max(0, self.n - self.context),
+            ctx_end=self.total,
+            last=True,
+        )
+        self.count += 1
+        return w
+
     def first_candidates(self) -> list[int]:
         """Ends the first window may have, earliest first (the start planner's choices):
         the default range's earliest end, then every word boundary after it; with
