@@ -118,10 +118,18 @@ def test_cancel_between_windows_stops_early(kokoro_synth: KokoroSynthesizer) -> 
     gen = kokoro_synth.synthesize(text, CallState(call_id=3), cancel)
     first = next(gen)
     assert len(first) > 0
+    # the utterance in progress says how much speech it has left (the share rule's horizon)
+    outside = kokoro_synth._speaking.open()
+    try:
+        ((left, _),) = kokoro_synth._speaking.others(outside, 0)
+    finally:
+        kokoro_synth._speaking.close(outside)
+    assert 1.0 < left < 10.0  # of a sentence of about 6 s, less its first window
     cancel.cancel()
     with pytest.raises(SynthesisCancelled):
         next(gen)
     assert len(backend.calls) == 1 and len(backend.windows) == 1
+    assert kokoro_synth._speaking.others(outside, 0) == []  # a cancelled one leaves
 
 
 class RunWatch(CancelToken):

@@ -11,6 +11,7 @@ from engines.kokoro.pacing import (
     FRAME_STAGE_FIXED,
     FRAME_STAGE_SHARE,
     HEADROOM,
+    HORIZON_LOAD,
     JITTER_S,
     MAX_SAFETY,
     SAFETY,
@@ -18,12 +19,14 @@ from engines.kokoro.pacing import (
     Surprise,
     first_gang_frames,
     frame_stage_fits,
+    horizon_keeps_up,
     next_window_frames,
     plan_first_end,
     simulate,
 )
 
 CTX, MIN, MAX = 10, 32, 200
+INF = float("inf")
 
 
 def test_window_is_ready_when_the_headroom_share_of_the_queue_has_played() -> None:
@@ -396,3 +399,71 @@ def test_the_first_part_of_a_gang_must_be_heard_until_the_others_are_ready() -> 
     # audio already queued ahead covers the whole first gang
     queued = simulate(300, 31, pace=Pace.from_rtf(3.0, gang=2), ahead_s=5.0, **kw)  # type: ignore[arg-type]
     assert queued.gaps == 0
+
+
+def test_the_share_rule_is_waived_while_the_others_end_before_this_utterance() -> None:
+    # three utterances on two cores at 0.67 core s per s of speech: together 2.0 cores,
+    # more than the cores keep in real time while all three speak
+    cost = 0.67
+    assert 3 * cost > 2
+    # the two others have 2.8 and 3.0 s left, this one 5.0 s: over those 5 s they need
+    # 10.8 s x 0.67 = 7.2 core s of 9 (HORIZON_LOAD x 2 cores x 5 s)
+    assert horizon_keeps_up(5.0, [(2.8, 0.0), (3.0, 0.0)], cost, 2)
+    # all three at their start: 15 s x 0.67 = 10 core s > 9
+    assert not horizon_keeps_up(5.0, [(5.0, 0.0), (5.0, 0.0)], cost, 2)
+    # the measured case: the others 4.4 and 4.7 s left, but 1.9 and 2.4 s ahead of their
+    # listeners: by the time this one's 4.6 s have played they play 2.7 and 2.2 s more
+    assert not horizon_keeps_up(4.6, [(4.4, 0.0), (4.7, 0.0)], cost, 2)
+    assert horizon_keeps_up(4.6, [(4.4, 1.9), (4.7, 2.4)], cost, 2)
+    # one of unknown length counts as speaking until this one has played
+    assert horizon_keeps_up(5.0, [(4.0, 0.0), (3.0, 0.0)], cost, 2)
+    assert not horizon_keeps_up(5.0, [(4.0, 0.0), (INF, 0.0)], cost, 2)
+    assert not horizon_keeps_up(INF, [(0.5, 0.0)], cost, 2)  # this one's length unknown
+    assert not horizon_keeps_up(0.0, [], cost, 2)
+    # the bound: exactly HORIZON_LOAD of the cores over the horizon
+    left = 4.0
+    each = (HORIZON_LOAD * 2 * left / cost - left) / 2  # (3.4 s: inside the horizon)
+    assert each < left
+    assert horizon_keeps_up(left, [(each * 0.999, 0.0)] * 2, cost, 2)
+    assert not horizon_keeps_up(left, [(each * 1.001, 0.0)] * 2, cost, 2)
+    # audio this one has queued moves the horizon: the others' speech by then is due too
+    assert not horizon_keeps_up(left, [(INF, 0.0)] * 2, cost, 2, ahead_s=0.0)
+    assert horizon_keeps_up(left, [(each * 0.999, 0.0)] * 2, cost, 2, ahead_s=1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    left=st.floats(0.1, 30.0),
+    ahead=st.floats(0.0, 10.0),
+    others=st.lists(
+        st.tuples(st.one_of(st.floats(0.0, 60.0), st.just(INF)), st.floats(0.0, 10.0)),
+        max_size=6,
+    ),
+    more=st.floats(0.0, 60.0),
+    cost=st.floats(0.05, 3.0),
+    cpus=st.integers(1, 16),
+)
+def test_more_speech_left_or_less_queued_never_waives_the_share_rule(
+    left: float,
+    ahead: float,
+    others: list[tuple[float, float]],
+    more: float,
+    cost: float,
+    cpus: int,
+) -> None:
+    kept = horizon_keeps_up(left, others, cost, cpus, ahead)
+    # another utterance with more speech left, or less queued, or one more utterance,
+    # waives no more
+    if others:
+        (o_left, o_queued), rest = others[0], others[1:]
+        longer = [(o_left + more, o_queued), *rest]
+        assert not horizon_keeps_up(left, longer, cost, cpus, ahead) or kept
+        drier = [(o_left, max(0.0, o_queued - more)), *rest]
+        assert not horizon_keeps_up(left, drier, cost, cpus, ahead) or kept
+    assert not horizon_keeps_up(left, [*others, (more, 0.0)], cost, cpus, ahead) or kept
+    # where nothing else is known (lengths unknown, nothing queued, this one too) the
+    # rule stands whenever it applies: more than the cores keep in real time,
+    # (n + 1) x cost > cpus (audio this one has queued may pay for its share)
+    n = len(others)
+    if (n + 1) * cost > cpus:
+        assert not horizon_keeps_up(left, [(INF, 0.0)] * n, cost, cpus)

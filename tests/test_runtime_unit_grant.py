@@ -3,6 +3,7 @@ waiting each unit keeps to one (``engines.runtime.synth.unit_grant``)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -131,6 +132,53 @@ def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() 
     assert slower._pace(UnitGrant(cores=1, cpus=2, others=2)).frame_s == pytest.approx(
         lone.frame_s * 1.5
     )
+
+
+def test_kokoro_waives_the_cores_share_while_the_others_end_before_this_utterance() -> None:
+    """Three utterances on two cores that need more than both (0.7 x 1.25 each): each
+    counts on its share of the cores, unless what the others must decode by the time
+    this one's speech has played (their speech left, less the audio they have queued)
+    and this one's fit in the cores (``pacing`` Rule 6); an utterance the pool counts
+    that has not said how long it is (in its prosody pass, say) keeps the rule."""
+    from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+
+    synth = KokoroSynthesizer(KokoroConfig(assume_rtf=0.7), backend=_TwoSessions())  # type: ignore[arg-type]
+    lone = synth._pace(UnitGrant(cores=2, cpus=2, others=0))
+    three = UnitGrant(cores=1, cpus=2, others=2)
+    me, a, b = (synth._speaking.open() for _ in range(3))
+    try:
+        for s in (me, a, b):
+            s.tell(5.0, 0.0)  # all three at their start
+        assert synth._pace(three, speech=me).frame_s == pytest.approx(lone.frame_s * 1.5)
+        a.tell(1.5, 0.0)  # the others half done: 8.5 s x 0.875 < 0.9 x 2 x 5
+        b.tell(2.0, 0.0)
+        assert synth._pace(three, speech=me).frame_s == pytest.approx(lone.frame_s)
+        assert synth._pace(three, speech=me).shared  # still short windows: 3 on 2 cores
+        a.tell(5.0, 3.0)  # long, but far ahead of their listeners
+        b.tell(5.0, 3.5)
+        assert synth._pace(three, speech=me).frame_s == pytest.approx(lone.frame_s)
+        b.tell(math.inf, 0.0)  # its length not known yet
+        assert synth._pace(three, speech=me).frame_s == pytest.approx(lone.frame_s * 1.5)
+        b.tell(2.0, 0.0)
+        synth._speaking.close(b)  # the pool counts an utterance the engine has not seen
+        assert synth._pace(three, speech=me).frame_s == pytest.approx(lone.frame_s * 1.5)
+        assert synth._pace(three).frame_s == pytest.approx(lone.frame_s * 1.5)  # no speech
+    finally:
+        for s in (me, a, b):
+            synth._speaking.close(s)
+    assert synth._speaking.others(me, 0) == []
+
+
+def test_queued_audio_plays_out_in_real_time() -> None:
+    from engines.kokoro.synth import _Speech
+
+    speech = _Speech()
+    speech.tell(4.0, 2.0)
+    assert speech.queued_s(speech.at) == 2.0
+    assert speech.queued_s(speech.at + 0.5) == pytest.approx(1.5)
+    assert speech.queued_s(speech.at + 3.0) == 0.0
+    speech.tell(4.0, None)  # no listener: nothing queued
+    assert speech.queued_s(speech.at) == 0.0
 
 
 def test_kokoro_paces_shared_cores_at_the_crowded_speed_and_counts_capacity_by_it() -> None:

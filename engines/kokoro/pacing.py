@@ -30,6 +30,16 @@ estimate (``frame_stage_s``: the plan follows the speed it is given, measured or
 pinned, not the clock of a run it planned); on a CPU near real time it may never
 come, and the windows keep running the frame stage on their own frames.
 
+Rule 6: the cores' share rule (``synth``: while the utterances in progress need more
+cores than there are, each counts on its share of them, and a start is planned late)
+holds over the speech still to come, not at one instant: it is waived while the speech
+every utterance in progress must have decoded by the time this one's has played fits
+in ``HORIZON_LOAD`` of the cores until then (``horizon_keeps_up``: another's audio
+queued ahead of its listener, and its speech past that time, are not due). Three
+calls on two cores at a speed where three need 2.0 cores planned starts at 1.6-1.8 s
+(first audio 1.2-1.3 s) while the two others were half done, or 1.9-2.4 s ahead of
+their listeners.
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -75,6 +85,12 @@ BUSY_WINDOW_S = 0.4
 #: AMD EPYC: 8 ms plus 0.45 ms a frame, against 10.8 ms a decoded frame; rounded up).
 FRAME_STAGE_SHARE = 0.06
 FRAME_STAGE_FIXED = 2.0
+
+
+#: Rule 6: the share rule is waived while the speech left of the utterances in progress
+#: needs at most this share of the cores until this one's has played (a unit cannot be
+#: preempted, so the cores are never all usable).
+HORIZON_LOAD = 0.9
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,29 @@ def next_window_frames(
         if remaining > whole_rest_by:
             frames = remaining - least
     return int(frames)
+
+
+def horizon_keeps_up(
+    left_s: float,
+    others: Sequence[tuple[float, float]],
+    cost: float,
+    cpus: int,
+    ahead_s: float = 0.0,
+) -> bool:
+    """Rule 6: whether the utterances in progress all keep up until this one's speech
+    has played (its ``left_s`` seconds still to decode, after the ``ahead_s`` queued):
+    this one's speech left and what each of the ``others`` (speech left to decode,
+    ``math.inf`` where unknown; audio queued ahead of its listener) plays by then
+    beyond its queue, at ``cost`` core seconds per second of speech, need at most
+    ``HORIZON_LOAD`` of the ``cpus`` cores until then. False when this one's length is
+    unknown."""
+    if not (left_s > 0 and math.isfinite(left_s)) or cpus < 1 or not cost > 0:
+        return False
+    horizon = max(0.0, ahead_s) + left_s
+    due = left_s
+    for left, queued in others:
+        due += max(0.0, min(left, horizon - max(0.0, queued)))
+    return due * cost <= HORIZON_LOAD * cpus * horizon
 
 
 def frame_stage_s(pace: Pace, n_frames: int) -> float:

@@ -123,6 +123,7 @@ from engines.kokoro.pacing import (
     first_gang_frames,
     frame_stage_fits,
     frame_stage_s,
+    horizon_keeps_up,
     next_window_frames,
     plan_first_end,
 )
@@ -380,6 +381,57 @@ class _DecodeSpeed:
         return value * n / threads if threads > n else value
 
 
+class _Speech:
+    """One utterance in progress: the seconds of speech it has left to decode
+    (``math.inf`` until its prosody pass has told, or while units follow its current
+    one), and the audio it had queued ahead of its listener at ``time.monotonic``
+    ``at`` (it plays out in real time)."""
+
+    __slots__ = ("ahead_s", "at", "left_s")
+
+    def __init__(self) -> None:
+        self.left_s = math.inf
+        self.ahead_s = 0.0
+        self.at = 0.0
+
+    def tell(self, left_s: float, ahead_s: float | None) -> None:
+        self.left_s = left_s
+        self.ahead_s = 0.0 if ahead_s is None else max(0.0, ahead_s)
+        self.at = time.monotonic()
+
+    def queued_s(self, now: float) -> float:
+        """Its audio still queued ahead of its listener at ``now``."""
+        return max(0.0, self.ahead_s - max(0.0, now - self.at))
+
+
+class _Speaking:
+    """The utterances in progress in this engine, for the share rule's horizon
+    (``pacing`` Rule 6)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._all: set[_Speech] = set()
+
+    def open(self) -> _Speech:
+        speech = _Speech()
+        with self._lock:
+            self._all.add(speech)
+        return speech
+
+    def close(self, speech: _Speech) -> None:
+        with self._lock:
+            self._all.discard(speech)
+
+    def others(self, speech: _Speech, count: int) -> list[tuple[float, float]]:
+        """The speech left and the audio queued now of the utterances in progress but
+        ``speech``: at least ``count`` of them (the pool's count; those it has not
+        seen yet: unknown length, nothing queued)."""
+        now = time.monotonic()
+        with self._lock:
+            got = [(s.left_s, s.queued_s(now)) for s in self._all if s is not speech]
+        return got + [(math.inf, 0.0)] * max(0, count - len(got))
+
+
 def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     """Whether a window's decoded ``audio`` is still speech in the last
     ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
@@ -421,6 +473,7 @@ class KokoroSynthesizer:
         self._gang_checks = 0  # gangs considered and not measured faster (``WIDE_RETRY``)
         self._warming = False  # ``warm_up``: every core decodes one window (no gang)
         self._in_progress = 0  # utterances started and not finished (``voice_norms``)
+        self._speaking = _Speaking()  # their speech left (``_pace``)
         #: threads that decode a gang's windows after its first (``_decode``)
         self._helpers: ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
@@ -961,15 +1014,16 @@ class KokoroSynthesizer:
                     return k
         return 1
 
-    def _pace(self, grant: UnitGrant, gang: int = 1) -> Pace:
+    def _pace(self, grant: UnitGrant, gang: int = 1, speech: _Speech | None = None) -> Pace:
         """Decode speed this utterance can count on for its next windows: all cores while
         it is alone (a ``gang`` of windows at once, one per core, at the speed of a core
         while all are busy; else one window at a time, on the widest session unless
         that is slower), else one core's speed while the cores keep every utterance in
         progress in real time (each needs its crowded speed times ``WINDOW_OVERHEAD`` of a
         core; those ahead of their listeners wait while this one's units run), and its
-        share of them beyond that (others' units interleave with its own); ``shared``
-        (windows kept short) while utterances outnumber the cores."""
+        share of them beyond that (others' units interleave with its own), unless they
+        all keep up until this ``speech``'s end (``pacing`` Rule 6: the others end
+        sooner); ``shared`` (windows kept short) while utterances outnumber the cores."""
         fixed = self.config.assume_rtf
         if grant.others == 0:
             if gang > 1:
@@ -979,7 +1033,17 @@ class KokoroSynthesizer:
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
             return Pace.from_rtf(fixed if fixed is not None else best)
         rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
-        if (grant.others + 1) * rtf * WINDOW_OVERHEAD > grant.cpus:
+        cost = rtf * WINDOW_OVERHEAD  # core s per s of speech
+        if (grant.others + 1) * cost > grant.cpus and (
+            speech is None
+            or not horizon_keeps_up(
+                speech.left_s,
+                self._speaking.others(speech, grant.others),
+                cost,
+                grant.cpus,
+                speech.queued_s(time.monotonic()),
+            )
+        ):
             # more than the cores keep in real time: each gets its share of them
             rtf /= min(1.0, grant.share)
         # short windows only while utterances outnumber the cores (the scheduler must
@@ -1010,7 +1074,12 @@ class KokoroSynthesizer:
         return 0.0 if clock is None else float(clock.ahead_s())
 
     def _frame_stage_now(
-        self, planner: WindowPlanner, prosody: Prosody, ahead: float | None, context: int
+        self,
+        planner: WindowPlanner,
+        prosody: Prosody,
+        ahead: float | None,
+        context: int,
+        speech: _Speech | None = None,
     ) -> float | None:
         """The estimated seconds of the frame stage's run over the whole sentence if it
         runs now, else None: windows are left, they run it on their own frames so far
@@ -1018,18 +1087,24 @@ class KokoroSynthesizer:
         (``pacing`` Rule 5; None: no listener, nothing to keep up with)."""
         if planner.done or prosody.norms is None or prosody.features is not None:
             return None
-        pace = self._pace(unit_grant())
+        pace = self._pace(unit_grant(), speech=speech)
         n, rest, least = prosody.n_frames, planner.remaining, planner.min_frames
         if ahead is not None and not frame_stage_fits(ahead, pace, n, context, rest, least):
             return None
         return frame_stage_s(pace, n)
 
     def _next_gang(
-        self, planner: WindowPlanner, state: CallState, context: int, ahead: float | None = None
+        self,
+        planner: WindowPlanner,
+        state: CallState,
+        context: int,
+        ahead: float | None = None,
+        speech: _Speech | None = None,
     ) -> list[Window]:
         """The windows this unit decodes (in order; several at once: ``_gang_size``), each
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
-        at this unit's grant), with ``ahead`` s of audio queued (default: the clock's)."""
+        at this unit's grant and the ``speech`` left), with ``ahead`` s of audio queued
+        (default: the clock's)."""
         if planner.done:
             return []
         grant = unit_grant()
@@ -1045,7 +1120,7 @@ class KokoroSynthesizer:
                 set_unit_grant(replace(grant, cores=1))  # each window on one core
             else:
                 self._narrow_if_wide_is_slower()
-            pace = self._pace(grant, k)
+            pace = self._pace(grant, k, speech)
         per = next_window_frames(ahead, pace, context, planner.remaining, planner.min_frames)
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []
@@ -1134,7 +1209,24 @@ class KokoroSynthesizer:
         norms: NormStats | None = None,
     ) -> Iterator[FloatArray]:
         """Whole-sentence prosody per unit, audio decoded in windows (module docstring);
-        with the voice's ``norms`` every window takes them, and needs less context."""
+        with the voice's ``norms`` every window takes them, and needs less context. The
+        utterance is among ``_speaking`` until it ends (``_pace``)."""
+        speech = self._speaking.open()
+        try:
+            yield from self._unit_windows(units, style, speed, state, cancel, norms, speech)
+        finally:
+            self._speaking.close(speech)
+
+    def _unit_windows(
+        self,
+        units: list[Phrase],
+        style: FloatArray,
+        speed: float,
+        state: CallState,
+        cancel: CancelToken,
+        norms: NormStats | None,
+        speech: _Speech,
+    ) -> Iterator[FloatArray]:
         backend = cast(SplitBackend, self._backend)
         cfg = self.config
         emitted = 0
@@ -1176,7 +1268,10 @@ class KokoroSynthesizer:
             joiner = audio_ops.Joiner(CROSSFADE_SAMPLES, equal_gain=True)
             if k > 1:
                 set_unit_grant(replace(pooled, cores=1))  # each window on one core
-            first_at = self._plan_start(planner, prosody, state, emitted, shape, k)
+            last_unit = unit.index == len(units) - 1
+            left = planner.remaining / FRAMES_PER_S if last_unit else math.inf
+            speech.tell(left, self._ahead_s(state) if state.playback is not None else None)
+            first_at = self._plan_start(planner, prosody, state, emitted, shape, k, speech)
             gang = self._first_gang(planner, first_at, k)
             while gang:
                 cancel.raise_if_cancelled()
@@ -1262,7 +1357,8 @@ class KokoroSynthesizer:
                         queued_ms=None if queued is None else round(queued * 1000),
                     )
                 ahead = self._ahead_s(state) if state.playback is not None else None
-                cost = self._frame_stage_now(planner, prosody, ahead, shape.context)
+                speech.tell(planner.remaining / FRAMES_PER_S if last_unit else math.inf, ahead)
+                cost = self._frame_stage_now(planner, prosody, ahead, shape.context, speech)
                 if cost is not None:
                     # the windows after this slice one run of the frame stage over the
                     # whole sentence, its norms taking the sentence's own statistics
@@ -1271,7 +1367,7 @@ class KokoroSynthesizer:
                     prosody = backend.with_features(prosody, style, cancel)
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
                 planned = None if cost is None or ahead is None else ahead - cost
-                gang = self._next_gang(planner, state, shape.context, planned)
+                gang = self._next_gang(planner, state, shape.context, planned, speech)
 
     def _piece(
         self,
@@ -1305,6 +1401,7 @@ class KokoroSynthesizer:
         emitted: int,
         shape: WindowShape,
         gang: int = 1,
+        speech: _Speech | None = None,
     ) -> int | None:
         """Where the sentence's first window (or first ``gang``) ends
         (``pacing.plan_first_end``): the default short window when the measured speed
@@ -1312,10 +1409,10 @@ class KokoroSynthesizer:
         runtime logs them beside the real ones)."""
         cfg = self.config
         grant = unit_grant()
-        pace = self._pace(grant, gang)
+        pace = self._pace(grant, gang, speech)
         # the windows after the first: a gang when the machine's cores are this one's
         alone = UnitGrant(grant.cpus, grant.cpus, grant.others)
-        later = pace if gang > 1 else self._pace(grant, self._gang_size(alone, retry=False))
+        later = pace if gang > 1 else self._pace(grant, self._gang_size(alone, retry=False), speech)
         ahead: float | None = self._ahead_s(state)
         if emitted == 0 and ahead is not None and ahead <= 0:
             ahead = None  # the listener waits for this sentence: its start is not a gap
