@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import structlog
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -229,9 +231,13 @@ def test_units_feed_the_estimates_and_the_load() -> None:
     t.begin(call, utt)
     est = StepEstimate()
     pcm = [b"\0" * 4 * 2400]
-    t.unit(call, utt, est, compute_s=0.2, cores=1, wait_s=0.01, packets=pcm, now=1.0)
-    assert t.first_unit.n == 1 and est.n == 0 and utt.steps == 1
-    t.unit(call, utt, est, compute_s=0.1, cores=1, wait_s=0.0, packets=pcm, now=1.2)
+    with structlog.testing.capture_logs() as logs:
+        t.unit(call, utt, est, compute_s=0.2, cores=1, wait_s=0.01, packets=pcm, now=1.0)
+        assert t.first_unit.n == 1 and est.n == 0 and utt.steps == 1
+        t.unit(call, utt, est, compute_s=0.1, cores=1, wait_s=0.0, packets=pcm, now=1.2)
+    # the first unit's line splits the first audio's time: its wait, then its own
+    (first,) = [e for e in logs if e["event"] == "first_unit"]
+    assert first["wait_ms"] == 10.0 and first["compute_ms"] == 200.0
     assert t.later_unit.n == 1 and est.n == 1 and t.next_unit_s(est, 9.0) == est.value
     t.unit(call, utt, est, compute_s=0.0, cores=1, wait_s=0.0, packets=[], now=1.3)  # a close
     assert utt.steps == 2 and t.stats.sched_wait.count == 2

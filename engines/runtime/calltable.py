@@ -601,6 +601,14 @@ class CallTable:
         utt.steps += 1
         if utt.steps == 1:
             self.first_unit.add(compute_s)
+            # the first audio's time, split: waiting for a worker, and the unit itself
+            log.debug(
+                "first_unit",
+                call_id=call.call_id,
+                wait_ms=round(wait_s * 1000, 1),
+                compute_ms=round(compute_s * 1000, 1),
+                cores=cores,
+            )
         else:
             self.later_unit.add(compute_s)
             estimate.add(compute_s)
