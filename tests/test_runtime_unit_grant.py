@@ -111,28 +111,15 @@ def test_kokoro_keeps_to_one_thread_while_the_wide_session_measures_slower() -> 
     assert got.count(2) == 2 and got.count(1) == 2 * WIDE_RETRY - 2  # tried now and then
 
 
-def test_kokoro_keeps_windows_short_while_utterances_outnumber_the_cores_or_a_call_may_start() -> (
-    None
-):
+def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() -> None:
     from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
 
     synth = KokoroSynthesizer(KokoroConfig(assume_rtf=0.5), backend=_TwoSessions())  # type: ignore[arg-type]
     alone = synth._pace(UnitGrant(cores=2, cpus=2, others=0))
-    two = synth._pace(UnitGrant(cores=1, cpus=2, others=1, calls=2))  # a core each
+    two = synth._pace(UnitGrant(cores=1, cpus=2, others=1))  # a core each
     three = synth._pace(UnitGrant(cores=1, cpus=2, others=2))
     four = synth._pace(UnitGrant(cores=1, cpus=2, others=3))
     assert not alone.shared and not two.shared and three.shared and four.shared
-    # another call connected and silent may send its sentence any moment, and its first
-    # unit waits for a worker: the windows in progress stay short, at the same speed
-    for grant, gang in (
-        (UnitGrant(cores=2, cpus=2, others=0, calls=2), 1),
-        (UnitGrant(cores=2, cpus=2, others=0, calls=2), 2),
-        (UnitGrant(cores=1, cpus=2, others=1, calls=3), 1),
-    ):
-        quiet = synth._pace(replace(grant, calls=grant.others + 1), gang)
-        waiting = synth._pace(grant, gang)
-        assert waiting.shared and not quiet.shared
-        assert waiting.frame_s == quiet.frame_s and waiting.gang == quiet.gang
     assert two.frame_s == alone.frame_s  # a core each: no slower
     # three need 3 x 0.5 x WINDOW_OVERHEAD (1.25) = 1.9 cores: two keep them all in real
     # time, so each unit runs at one core's speed when its turn comes (the others' units,
@@ -298,7 +285,6 @@ def test_kokoro_leaves_the_other_cores_free_while_one_keeps_up_and_other_calls_a
     enough = ((SOLO_MIN_FRAMES + 4) * 0.5 / FRAMES_PER_S + 0.1) / 0.85 + 0.05
     pace = synth._solo_pace(served, enough, 2)
     assert pace is not None and pace.gang == 1
-    assert pace.shared  # short windows: the other calls may start any moment
     assert pace.frame_s * FRAMES_PER_S == pytest.approx(0.5)  # one core's speed
     assert synth._solo_pace(served, enough - 0.1, 2) is None  # too little queued: every core
     assert synth._solo_pace(replace(served, calls=1), enough, 2) is None  # no other call

@@ -439,15 +439,6 @@ def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     return bounds is not None and bounds[1] > (end - SPEECH_END_CHECK_FRAMES) * FRAME_SAMPLES
 
 
-def _calling(grant: UnitGrant) -> bool:
-    """Another call is connected and silent: its next sentence may arrive any moment, and
-    its first unit then waits for a worker. While so, every window is kept to about
-    ``pacing.BUSY_WINDOW_S`` of decoding, so that the wait is short (a lone call's
-    window of 174 frames held a core for 2.0 s; a start behind it and another call's
-    unit waited 760 ms for a worker)."""
-    return grant.calls > grant.others + 1
-
-
 def _crowded(grant: UnitGrant) -> bool:
     """Every core has an utterance in progress: the crowded speed applies (the speed the
     calibration measures with every core decoding)."""
@@ -1032,18 +1023,15 @@ class KokoroSynthesizer:
         core; those ahead of their listeners wait while this one's units run), and its
         share of them beyond that (others' units interleave with its own), unless they
         all keep up until this ``speech``'s end (``pacing`` Rule 6: the others end
-        sooner); ``shared`` (windows kept short) while utterances outnumber the cores, or
-        while another call may start (``_calling``)."""
+        sooner); ``shared`` (windows kept short) while utterances outnumber the cores."""
         fixed = self.config.assume_rtf
-        calling = _calling(grant)
         if grant.others == 0:
             if gang > 1:
                 crowded = self._speed.rtf(1, crowded=True)
-                rtf = fixed if fixed is not None else crowded
-                return Pace.from_rtf(rtf, shared=calling, gang=gang)
+                return Pace.from_rtf(fixed if fixed is not None else crowded, gang=gang)
             wide = self._threads_for(UnitGrant(grant.cpus))
             best = min(self._speed.rtf(wide), self._speed.rtf(1))  # wide unless it is slower
-            return Pace.from_rtf(fixed if fixed is not None else best, shared=calling)
+            return Pace.from_rtf(fixed if fixed is not None else best)
         rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
         cost = rtf * WINDOW_OVERHEAD  # core s per s of speech
         if (grant.others + 1) * cost > grant.cpus and (
@@ -1058,27 +1046,24 @@ class KokoroSynthesizer:
         ):
             # more than the cores keep in real time: each gets its share of them
             rtf /= min(1.0, grant.share)
-        # short windows while utterances outnumber the cores (the scheduler must
-        # interleave them) or another call may start; with a core each and no call to
-        # wait for one, long windows waste fewer context frames
-        return Pace.from_rtf(rtf, shared=grant.share < 1.0 or calling)
+        # short windows only while utterances outnumber the cores (the scheduler must
+        # interleave them); with a core each, long windows waste fewer context frames
+        return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
     def _solo_pace(self, grant: UnitGrant, ahead: float, context: int) -> Pace | None:
         """One core's pace, when this utterance is alone on a unit granted several cores
         while other calls are connected, and one core, with the ``ahead`` s of audio
         queued, keeps up with windows of at least ``SOLO_MIN_FRAMES``: then the next
-        window runs on one core, kept short (``_calling``), and the other cores stay free
-        for those calls' next sentences. None: use every core (a gang or a wide
-        session); so too with no other call, a pinned speed or a forced gang."""
+        window runs on one core, and the other cores stay free for those calls' next
+        sentences. None: use every core (a gang or a wide session); so too with no other
+        call, a pinned speed or a forced gang."""
         cfg = self.config
         if grant.cores < 2 or grant.others > 0 or grant.calls < 2:
             return None
         if cfg.assume_rtf is not None or cfg.parallel_windows is not None:
             return None
         pace = Pace.from_rtf(self._speed.rtf(1))
-        if next_window_frames(ahead, pace, context) < SOLO_MIN_FRAMES:
-            return None
-        return replace(pace, shared=True)  # short windows: the other calls may start
+        return pace if next_window_frames(ahead, pace, context) >= SOLO_MIN_FRAMES else None
 
     def _ahead_s(self, state: CallState) -> float:
         """Audio queued ahead of the listener: the runtime's playback clock, which the
