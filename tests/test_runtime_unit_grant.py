@@ -134,6 +134,53 @@ def test_kokoro_keeps_windows_short_only_while_utterances_outnumber_the_cores() 
     )
 
 
+def _second_window(rtf: float, grant: UnitGrant, ahead_s: float, context: int = 2) -> int:
+    """Frames of the window the engine decodes after a sentence's first (a pinned speed,
+    ``ahead_s`` of audio queued, the unit granted ``grant``)."""
+    from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer
+    from engines.kokoro.windows import WindowPlanner
+    from engines.runtime.synth import CallState, set_unit_grant
+
+    synth = KokoroSynthesizer(KokoroConfig(assume_rtf=rtf), backend=_TwoSessions())  # type: ignore[arg-type]
+    n = 600
+    planner = WindowPlanner(
+        n, np.zeros(n), [], first_frames=(4, 8), min_frames=24, context=context, search=2,
+        cut_anywhere=True, ramp=12,
+    )  # fmt: skip
+    assert planner.next(None) is not None  # the first window
+    set_unit_grant(grant)
+    try:
+        gang = synth._next_gang(planner, CallState(1), context, ahead_s)
+    finally:
+        set_unit_grant(None)
+    assert len(gang) == 1
+    return gang[0].frames
+
+
+def test_kokoro_keeps_windows_short_while_another_call_may_start() -> None:
+    from engines.kokoro.pacing import BUSY_WINDOW_S
+    from engines.kokoro.synth import CALLING_MIN_CONTEXTS
+    from engines.kokoro.windows import FRAMES_PER_S
+
+    alone = UnitGrant(cores=2, cpus=2, others=0, calls=1)
+    calling = replace(alone, calls=2)  # another call, silent: its sentence may come now
+    both = UnitGrant(cores=1, cpus=2, others=1, calls=2)  # the other call speaks too
+    # 0.25 compute s per audio s, 3 s queued: the window may be 200 frames (the most;
+    # the planner's cut may move 2 frames)
+    assert _second_window(0.25, alone, 3.0) >= 198
+    assert _second_window(0.25, both, 3.0) >= 198
+    # with a call that may start, about BUSY_WINDOW_S of decoding (2 x 2 frames of
+    # context): 60 frames, within the planner's cut search of 2
+    short = _second_window(0.25, calling, 3.0)
+    assert abs(short - (BUSY_WINDOW_S / (0.25 / FRAMES_PER_S) - 4)) <= 2
+    assert _second_window(0.25, replace(both, calls=3), 3.0) == short
+    # on a slow CPU not below CALLING_MIN_CONTEXTS x the context: 48 frames at 0.8, where
+    # 0.4 s decodes 16
+    assert abs(_second_window(0.8, calling, 6.0) - CALLING_MIN_CONTEXTS * 2) <= 2
+    # a short queue sizes the window as before
+    assert _second_window(0.25, calling, 0.5) == _second_window(0.25, alone, 0.5)
+
+
 def test_kokoro_waives_the_cores_share_while_the_others_end_before_this_utterance() -> None:
     """Three utterances on two cores that need more than both (0.7 x 1.25 each): each
     counts on its share of the cores, unless what the others must decode by the time

@@ -78,7 +78,8 @@ MAX_SAFETY = 2.0
 SURPRISE_ALPHA = 0.2
 #: While other utterances are in progress, one window's decode is kept to about this
 #: long, so the scheduler can interleave other calls' windows (a unit cannot be
-#: preempted).
+#: preempted); ``synth`` keeps windows after the first to it too while another call
+#: may start.
 BUSY_WINDOW_S = 0.4
 #: The frame stage run over a whole sentence costs about this share of decoding its
 #: frames, plus ``FRAME_STAGE_FIXED`` decoded frames' worth (measured, int8, one thread,

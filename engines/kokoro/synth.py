@@ -117,6 +117,7 @@ from engines.kokoro.models import (
 )
 from engines.kokoro.norms import NormStats
 from engines.kokoro.pacing import (
+    BUSY_WINDOW_S,
     SAFETY,
     Pace,
     Surprise,
@@ -192,6 +193,12 @@ GANG_MIN_GAIN = 1.0
 #: box for 1.3 s made such a start take 555 ms and stutter, its prosody pass and
 #: first windows sharing a core with the gang's two)
 SOLO_MIN_FRAMES = 80
+#: While another call is connected and silent (``_calling``), a window after the first
+#: is kept to about ``pacing.BUSY_WINDOW_S`` of decoding, so that that call's next start
+#: waits less for a worker; but never below this many times the context decoded on each
+#: side (48 frames with the voice's statistics' 2: about 8 % of the frames decoded are
+#: context), so that on a slow CPU the windows cost little more.
+CALLING_MIN_CONTEXTS = 24
 PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
 #: decode compute of a sentence, with its windows' context frames and the prosody pass,
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
@@ -437,6 +444,13 @@ def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
     bounds = audio_ops.speech_bounds(audio[: end * FRAME_SAMPLES])
     return bounds is not None and bounds[1] > (end - SPEECH_END_CHECK_FRAMES) * FRAME_SAMPLES
+
+
+def _calling(grant: UnitGrant) -> bool:
+    """Another call is connected and silent: its next sentence may arrive any moment, and
+    its first unit then waits for a worker (at five and six calls on two cores, 10-22 of
+    86-104 first units a run waited over 250 ms, behind windows of up to 184 frames)."""
+    return grant.calls > grant.others + 1
 
 
 def _crowded(grant: UnitGrant) -> bool:
@@ -1104,7 +1118,9 @@ class KokoroSynthesizer:
         """The windows this unit decodes (in order; several at once: ``_gang_size``), each
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
         at this unit's grant and the ``speech`` left), with ``ahead`` s of audio queued
-        (default: the clock's)."""
+        (default: the clock's); while another call may start (``_calling``), each kept to
+        about ``BUSY_WINDOW_S`` of decoding, or ``CALLING_MIN_CONTEXTS`` times the
+        context where that is longer."""
         if planner.done:
             return []
         grant = unit_grant()
@@ -1122,6 +1138,9 @@ class KokoroSynthesizer:
                 self._narrow_if_wide_is_slower()
             pace = self._pace(grant, k, speech)
         per = next_window_frames(ahead, pace, context, planner.remaining, planner.min_frames)
+        if _calling(grant):  # another call's start should not wait long for a worker
+            short = int(BUSY_WINDOW_S / pace.frame_s) - 2 * context
+            per = min(per, max(short, CALLING_MIN_CONTEXTS * context))
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []
         while len(gang) < pace.gang and (w := planner.next(per, rest=rest)) is not None:
