@@ -140,6 +140,12 @@ class Surprise:
         return min(MAX_SAFETY, max(SAFETY, 1.0 + SURPRISE_WEIGHT * self.value))
 
 
+def busy_window_frames(pace: Pace, context: int) -> float:
+    """Frames a window keeps whose decode, with its ``context`` on each side, takes about
+    ``BUSY_WINDOW_S`` at ``pace`` (a unit another call's may have to wait for)."""
+    return BUSY_WINDOW_S / pace.frame_s - 2 * context
+
+
 def next_window_frames(
     ahead_s: float,
     pace: Pace,
@@ -160,7 +166,7 @@ def next_window_frames(
     for 0.15-0.29 s on a CPU near real time)."""
     frames = (ahead_s * HEADROOM - JITTER_S) / pace.frame_s - 2 * context
     if pace.shared:
-        frames = min(frames, BUSY_WINDOW_S / pace.frame_s - 2 * context)
+        frames = min(frames, busy_window_frames(pace, context))
     if pace.gang > 1 and remaining is not None:
         frames = min(frames, math.ceil(remaining / pace.gang))
     elif remaining is not None and least is not None and frames < remaining < frames + least:

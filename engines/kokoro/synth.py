@@ -117,10 +117,10 @@ from engines.kokoro.models import (
 )
 from engines.kokoro.norms import NormStats
 from engines.kokoro.pacing import (
-    BUSY_WINDOW_S,
     SAFETY,
     Pace,
     Surprise,
+    busy_window_frames,
     first_gang_frames,
     frame_stage_fits,
     frame_stage_s,
@@ -1119,8 +1119,8 @@ class KokoroSynthesizer:
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
         at this unit's grant and the ``speech`` left), with ``ahead`` s of audio queued
         (default: the clock's); while another call may start (``_calling``), each kept to
-        about ``BUSY_WINDOW_S`` of decoding, or ``CALLING_MIN_CONTEXTS`` times the
-        context where that is longer."""
+        about ``pacing.BUSY_WINDOW_S`` of decoding (``busy_window_frames``), or
+        ``CALLING_MIN_CONTEXTS`` times the context where that is longer."""
         if planner.done:
             return []
         grant = unit_grant()
@@ -1139,7 +1139,7 @@ class KokoroSynthesizer:
             pace = self._pace(grant, k, speech)
         per = next_window_frames(ahead, pace, context, planner.remaining, planner.min_frames)
         if _calling(grant):  # another call's start should not wait long for a worker
-            short = int(BUSY_WINDOW_S / pace.frame_s) - 2 * context
+            short = int(busy_window_frames(pace, context))
             per = min(per, max(short, CALLING_MIN_CONTEXTS * context))
         rest = planner.ramp if pace.gang > 1 else None
         gang: list[Window] = []
