@@ -7,6 +7,8 @@ begun by then is finished), each a conversation:
 
 * a turn is two distinct telephony sentences sent 0.4 s apart;
 * the caller answers 1.5-3 s (uniform) after the turn's audio has played out;
+* the calls start at random times over the first second (``--stagger S``: over S s;
+  the default is a burst, every call's first turn at once);
 * texts are never repeated (templates x names x dates x products, shuffled), so the
   prompt cache cannot answer (its hit count is printed to prove it);
 * one zero-buffer player per call (``engines.runtime.playback.PlaybackMeter``, the
@@ -343,9 +345,9 @@ async def run_n(
     convs = [Conversation(base_id + i) for i in range(n)]
     until = time.monotonic() + args.seconds
     starts = []
-    for c in convs:  # calls start staggered over the first second
-        starts.append(asyncio.create_task(_later(rng.uniform(0, 1.0), c, oap, engine, data_w,
-                                                 texts, until, rng)))  # fmt: skip
+    for c in convs:  # calls start at random over the first ``--stagger`` seconds
+        starts.append(asyncio.create_task(_later(rng.uniform(0, args.stagger), c, oap, engine,
+                                                 data_w, texts, until, rng)))  # fmt: skip
     await asyncio.gather(*starts)
     await engine.poll()
     underruns = engine.stats.get("underruns", 0.0) - under0
@@ -550,7 +552,8 @@ def report(
     print(
         f"threads {args.threads}, synth-workers {args.synth_workers or 'engine default'}, "
         f"plan {plan}, "
-        f"{args.seconds:.0f} s per N; prompt cache hits {hits:.0f}; "
+        f"{args.seconds:.0f} s per N, calls started over {args.stagger:g} s; "
+        f"prompt cache hits {hits:.0f}; "
         + (f"slowed x{args.slow:g} ({args.slow_mode})" if args.slow > 1 else "not slowed")
     )
     print(f"{'N':>3} {'timed':>5} {'ttfa_p50':>9} {'ttfa_p95':>9} {'turns':>6} {'gap%':>6} "
@@ -697,6 +700,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", type=Path, default=None)
     add_machine_arguments(p)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--stagger",
+        type=float,
+        default=1.0,
+        help="calls start at random times over the first S s (default 1: a burst, every "
+        "call's first turn at once; about one turn cycle, e.g. 10, starts independent "
+        "calls at random phases)",
+    )
     p.add_argument(
         "--rss-every", type=float, default=10.0, help="sample the engine's RSS every S s"
     )
