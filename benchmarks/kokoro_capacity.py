@@ -39,7 +39,8 @@ benchmark and the dock and engine it starts, as in a container with a CPU limit)
 
     python benchmarks/kokoro_capacity.py [--calls 1,2,3,4,6] [--seconds 20]
         [--threads 1] [--synth-workers N] [--models-dir DIR] [--plan NAME]
-        [--slow [FACTOR]] [--slow-mode burn|quota] [--rss-every S]
+        [--slow [FACTOR]] [--slow-mode burn|quota] [--rss-every S] [--stagger S]
+        [--max-concurrent N]
 
 The engine's RSS is sampled all along and printed by minute with its growth after
 minute 5: a soak is one long N, e.g. ``--calls 4 --seconds 1800``.
@@ -171,14 +172,47 @@ def sentence_bank(seed: int) -> list[str]:
     return bank
 
 
+def more_sentences(seed: int, used: set[str], per_template: int = 4000) -> list[str]:
+    """Further distinct sentences, none of them in ``used``: each template's fields drawn
+    at random from the whole lists (at most ``per_template`` a template; one with few
+    fields has fewer), shuffled together. A long soak with many calls outlasts
+    ``sentence_bank`` (16 calls used its 1744 sentences in 19 minutes)."""
+    rng = random.Random(seed + 1)
+    out: list[str] = []
+    seen = set(used)
+    for t in TEMPLATES:
+        found = 0
+        for _ in range(4 * per_template):
+            if found >= per_template:
+                break
+            text = t.format(
+                name=rng.choice(NAMES), surname=rng.choice(SURNAMES), day=rng.choice(DAYS),
+                hour=rng.choice(HOURS), hour2=HOURS[-1], product=rng.choice(PRODUCTS),
+                department=rng.choice(DEPARTMENTS), number=rng.choice(NUMBERS),
+            )  # fmt: skip
+            if text not in seen:
+                seen.add(text)
+                out.append(text)
+                found += 1
+    rng.shuffle(out)
+    return out
+
+
 class Sentences:
+    """Sentences never repeated in a run: ``sentence_bank``, then ``more_sentences``."""
+
     def __init__(self, seed: int) -> None:
-        self._it = iter(sentence_bank(seed))
+        bank = sentence_bank(seed)
+        # built now: not on the event loop in the middle of a run
+        self._it = itertools.chain(bank, more_sentences(seed, set(bank)))
         self.used = 0
 
     def next(self) -> str:
+        text = next(self._it, None)
+        if text is None:
+            raise RuntimeError(f"ran out of distinct sentences after {self.used}")
         self.used += 1
-        return next(self._it)
+        return text
 
 
 # -- one conversation ------------------------------------------------------------------
@@ -437,7 +471,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "--models-dir", str(mdir),
         "--voice", VOICE,
         "--threads", str(args.threads),
-        "--max-concurrent", str(max(8, max(args.calls))),
+        "--max-concurrent", str(args.max_concurrent or max(8, max(args.calls))),
     ]  # fmt: skip
     if args.synth_workers is not None:
         engine_args += ["--synth-workers", str(args.synth_workers)]
@@ -552,7 +586,8 @@ def report(
     print(
         f"threads {args.threads}, synth-workers {args.synth_workers or 'engine default'}, "
         f"plan {plan}, "
-        f"{args.seconds:.0f} s per N, calls started over {args.stagger:g} s; "
+        f"{args.seconds:.0f} s per N, calls started over {args.stagger:g} s, "
+        f"max-concurrent {args.max_concurrent or max(8, max(args.calls))}; "
         f"prompt cache hits {hits:.0f}; "
         + (f"slowed x{args.slow:g} ({args.slow_mode})" if args.slow > 1 else "not slowed")
     )
@@ -700,6 +735,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", type=Path, default=None)
     add_machine_arguments(p)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="engine --max-concurrent (default: the largest N, at least 8; the engine's own "
+        "default is 4)",
+    )
     p.add_argument(
         "--stagger",
         type=float,

@@ -11,10 +11,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from kokoro_capacity import (
     Conversation,
     Result,
+    Sentences,
     Turn,
     another_speaks,
     few_turns_line,
     overlap_line,
+    sentence_bank,
     share_needs,
 )
 
@@ -62,3 +64,21 @@ def test_runs_with_too_few_turns_for_the_gap_rule_are_named() -> None:
     assert "N=1 (6), N=2 (12);" in line  # under 20 turns one gap is over 5 %
     assert "N=3" not in line
     assert few_turns_line([result(2, 20), result(3, 41)]) == ""
+
+
+def test_a_long_soak_never_hears_a_sentence_twice_and_says_when_they_run_out() -> None:
+    """16 calls used the first bank's sentences in 19 minutes: the ones after it are new,
+    the first ones are the same as before (runs stay comparable), and running out is a
+    clear error, not a StopIteration inside a coroutine."""
+    bank = sentence_bank(7)
+    texts = Sentences(7)
+    drawn = [texts.next() for _ in range(3 * len(bank))]
+    assert drawn[: len(bank)] == bank
+    assert len(set(drawn)) == len(drawn) and texts.used == len(drawn)
+    try:
+        while True:
+            texts.next()
+    except RuntimeError as exc:
+        assert f"after {texts.used}" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("unreachable")
