@@ -192,3 +192,19 @@ def test_qwen3_synth_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "(default: customvoice) (default: customvoice)" not in out
     assert "--device" in out and "where the model runs" in out
+
+
+def test_kokoro_lets_several_utterances_per_core_be_in_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kokoro's windows are decoded just in time, so an utterance is in progress for most
+    of its playback: its ``--max-concurrent`` default is per core, not the runtime's 4
+    (the environment and the flag still win)."""
+    from engines.runtime.cpus import available_cpus
+
+    monkeypatch.delenv("TTSDOCK_MAX_CONCURRENT", raising=False)
+    default = kokoro_parser().parse_args([]).max_concurrent
+    assert default == kokoro_cli.KOKORO_MAX_CONCURRENT_PER_CPU * available_cpus() >= 8
+    assert kokoro_parser().parse_args(["--max-concurrent", "3"]).max_concurrent == 3
+    monkeypatch.setenv("TTSDOCK_MAX_CONCURRENT", "5")
+    assert kokoro_parser().parse_args([]).max_concurrent == 5
