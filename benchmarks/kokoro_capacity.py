@@ -94,6 +94,7 @@ from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
 from engines.runtime.schedule import SYNTH_WORKERS  # noqa: E402
 from protocol import CallEnd, Packet, encode_frame, encode_mgmt, encode_packet  # noqa: E402
+from svc.cli import int_in  # noqa: E402
 
 SAMPLE_RATE = 24000
 VOICE = "jf_alpha"
@@ -471,7 +472,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "--models-dir", str(mdir),
         "--voice", VOICE,
         "--threads", str(args.threads),
-        "--max-concurrent", str(args.max_concurrent or max(8, max(args.calls))),
+        "--max-concurrent", str(args.max_concurrent),
     ]  # fmt: skip
     if args.synth_workers is not None:
         engine_args += ["--synth-workers", str(args.synth_workers)]
@@ -587,7 +588,7 @@ def report(
         f"threads {args.threads}, synth-workers {args.synth_workers or 'engine default'}, "
         f"plan {plan}, "
         f"{args.seconds:.0f} s per N, calls started over {args.stagger:g} s, "
-        f"max-concurrent {args.max_concurrent or max(8, max(args.calls))}; "
+        f"max-concurrent {args.max_concurrent}; "
         f"prompt cache hits {hits:.0f}; "
         + (f"slowed x{args.slow:g} ({args.slow_mode})" if args.slow > 1 else "not slowed")
     )
@@ -737,10 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--max-concurrent",
-        type=int,
+        type=int_in(1, None, "--max-concurrent"),
         default=None,
-        help="engine --max-concurrent (default: the largest N, at least 8; the engine's own "
-        "default is 4)",
+        help="engine --max-concurrent (default: the largest N, at least 8)",
     )
     p.add_argument(
         "--stagger",
@@ -764,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--calls takes comma-separated integers")
     if not args.calls or min(args.calls) < 1:
         p.error("--calls needs N >= 1")
+    if args.max_concurrent is None:
+        args.max_concurrent = max(8, max(args.calls))
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     try:
         return asyncio.run(main_async(args))

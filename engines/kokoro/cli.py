@@ -9,7 +9,6 @@ a bad variable is a usage error naming it (exit status 2), like a bad flag.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -304,10 +303,12 @@ def config_from_args(args: argparse.Namespace) -> KokoroConfig:
 def build_parser() -> argparse.ArgumentParser:
     from engines.runtime.cli import common_parser
 
-    p = common_parser("kokoro", description="Kokoro-82M TTS engine (ONNX Runtime; CoreML on macOS)")
+    p = common_parser(
+        "kokoro",
+        description="Kokoro-82M TTS engine (ONNX Runtime; CoreML on macOS)",
+        max_concurrent=kokoro_max_concurrent(),
+    )
     add_kokoro_arguments(p)
-    if "TTSDOCK_MAX_CONCURRENT" not in os.environ:
-        p.set_defaults(max_concurrent=kokoro_max_concurrent())
     return p
 
 

@@ -74,8 +74,11 @@ def _name(text: str) -> str:
     return text
 
 
-def common_parser(engine: str, description: str | None = None) -> argparse.ArgumentParser:
-    """The flags every engine shares; each also reads an environment variable (flag wins)."""
+def common_parser(
+    engine: str, description: str | None = None, *, max_concurrent: int = MAX_CONCURRENT_DEFAULT
+) -> argparse.ArgumentParser:
+    """The flags every engine shares; each also reads an environment variable (flag wins).
+    ``max_concurrent``: the engine's ``--max-concurrent`` default."""
     p = argparse.ArgumentParser(
         prog=f"ttsdock {engine}",
         description=description or f"Run the {engine} TTS engine and dock it into ttsdock.",
@@ -123,7 +126,7 @@ def common_parser(engine: str, description: str | None = None) -> argparse.Argum
     g.add_argument(
         "--max-concurrent",
         type=_positive,
-        default=env("TTSDOCK_MAX_CONCURRENT", _positive, MAX_CONCURRENT_DEFAULT),
+        default=env("TTSDOCK_MAX_CONCURRENT", _positive, max_concurrent),
         help="utterances in progress at once over all calls; the rest wait in order "
         "[env TTSDOCK_MAX_CONCURRENT]",
     )

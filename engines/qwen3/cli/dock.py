@@ -12,7 +12,6 @@ queue), so the runtime's ``--max-concurrent`` defaults to
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from engines.qwen3.modes import MODE_CHOICES, SIZES
@@ -165,7 +164,11 @@ def options_from_args(args: argparse.Namespace) -> Qwen3Options:
 def build_parser() -> argparse.ArgumentParser:
     from engines.runtime.cli import common_parser
 
-    p = common_parser("qwen3", description="Qwen3-TTS engine (GGUF + ONNX vocoder) for ttsdock")
+    p = common_parser(
+        "qwen3",
+        description="Qwen3-TTS engine (GGUF + ONNX vocoder) for ttsdock",
+        max_concurrent=QWEN3_MAX_CONCURRENT,
+    )
     add_model_arguments(p)
     s = p.add_argument_group("streaming")
     s.add_argument(
@@ -188,8 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmarks/qwen3_vocoder_context.py measures the trade-off)",
     )
     add_vocoder_threads(s)
-    if "TTSDOCK_MAX_CONCURRENT" not in os.environ:
-        p.set_defaults(max_concurrent=QWEN3_MAX_CONCURRENT)
     return p
 
 
