@@ -704,14 +704,18 @@ def print_rss(rss: list[tuple[float, float]]) -> None:
 
 def print_caches(stats: dict[str, float]) -> None:
     """What the engine holds besides the runs in progress: its prompt cache (bounded in
-    MB), and how often it gave glibc's freed pages back (backend Rule 3)."""
+    MB), how often it gave glibc's freed pages back (backend Rule 3), and the units it
+    gave back to another call's start (runtime pool Rule 4) with the compute they lost."""
     nan = float("nan")
     trims = stats.get("synth.heap_trims", nan)
     each = stats.get("synth.heap_trim_ms_total", nan) / trims if trims else 0.0
+    recalled = stats.get("synth.units_recalled", nan)
+    lost = stats.get("synth.recalled_ms_total", nan) / 1000
     print(
         f"engine at the end: prompt cache {stats.get('synth.prompt_cache_mb', nan):.1f} MB in "
         f"{stats.get('synth.prompt_cache_entries', nan):.0f} entries; heap trims {trims:.0f} "
-        f"({each:.1f} ms each)"
+        f"({each:.1f} ms each); units recalled for a start {recalled:.0f} ({lost:.1f} s "
+        "of compute lost)"
     )
 
 

@@ -312,6 +312,70 @@ def test_a_gangs_first_window_is_heard_while_the_others_still_decode(
     assert kokoro_synth.stats()["windows_parallel"] >= 2 and len(chunks) >= 3
 
 
+def test_a_recalled_window_is_decoded_again_in_the_next_unit(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool recalls a unit (runtime pool Rule 4) while its decoder runs: the run ends
+    at once, the unit ends with no audio, and the next unit decodes the same window; the
+    sentence is heard as it is without the recall."""
+    backend = spy(kokoro_synth)
+    kokoro_synth._cache.clear()
+    plain = np.concatenate(speak_on_cores(kokoro_synth, SEAM_TEXT, 1, call_id=27))
+    real_session = backend.session
+    fire: list[CancelToken] = []  # the recall to fire as the next decoder run starts
+
+    class Firing:
+        def __init__(self, session: Any) -> None:
+            self.session = session
+
+        def run(self, *args: Any) -> Any:
+            fire.pop().cancel()  # ORT checks the terminate flag between nodes
+            return self.session.run(*args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.session, name)
+
+    def session(stage: str, cores: int | None = None) -> Any:
+        got = real_session(stage, cores)
+        return Firing(got) if stage == "decoder" and fire else got
+
+    monkeypatch.setattr(backend, "session", session)
+    kokoro_synth._cache.clear()
+    before = kokoro_synth.stats()
+    backend.windows.clear()
+    state = CallState(call_id=28)
+    now = [0.0]
+    state.playback = meter = PlaybackMeter(lambda: now[0])
+    gen = kokoro_synth.synthesize(SEAM_TEXT, state, CancelToken())
+    chunks: list[npt.NDArray[np.float32]] = []
+    try:
+        for k in itertools.count():
+            recall = CancelToken()
+            if k == 2:  # a unit after the first (a first unit is never recalled)
+                fire.append(recall)
+            set_unit_grant(UnitGrant(cores=1, cpus=1, others=0, recall=recall))
+            try:
+                chunk = next(gen)
+            except StopIteration:
+                break
+            now[0] += 0.3 * len(chunk) / 24000
+            meter.sent(len(chunk), now[0])
+            chunks.append(chunk)
+    finally:
+        set_unit_grant(None)
+    assert not fire, "the recall fired"
+    assert [len(c) == 0 for c in chunks[:4]] == [False, False, True, False], chunks[:4]
+    # the recalled window, decoded again at once
+    again = [a for a, b in itertools.pairwise(backend.windows) if a == b]
+    assert len(again) == 1, backend.windows
+    stats = kokoro_synth.stats()
+    assert stats["units_recalled"] - before["units_recalled"] == 1
+    recalled = np.concatenate(chunks)
+    assert abs(len(recalled) - len(plain)) <= 2 * FRAME_SAMPLES
+    n = min(len(recalled), len(plain))
+    assert spectral_distance(plain[:n], recalled[:n]) < 2.0
+
+
 def foreign_graph(path: Path) -> Path:
     """Kokoro's interface (tokens, style, speed -> audio) without Kokoro's insides."""
     c = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731

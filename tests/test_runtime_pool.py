@@ -9,13 +9,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import structlog
+from protocol_servers_helpers import parse_metrics, sample
 from runtime_helpers import RATE, DockSession, FakeDock, ToneSynth, audio_samples, cmd, tone
 
 from engines.runtime.cli import common_parser
 from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS
-from engines.runtime.synth import CallState, CancelToken, FloatArray
+from engines.runtime.synth import CallState, CancelToken, FloatArray, unit_grant
 from protocol import CallEnd, SpeechActive
 
 
@@ -108,6 +110,80 @@ async def test_new_utterance_goes_ahead_of_later_units_of_calls_with_audio_queue
         # may come first; a round robin over the five busy calls would put 15 packets first
         assert len(between) <= 6, len(between)
         assert eng.stats.underruns == 0
+
+
+class RecallSynth(StepSynth):
+    """A "!hold" step holds its worker until the pool recalls the unit (or ``hold_s``);
+    recalled, it ends the unit with no audio and is done again in the next unit, as
+    Kokoro's windows are (``UnitGrant.recall``). ``order``: the steps' ends in order."""
+
+    def __init__(self, phrase_ms: int, delay: float, hold_s: float = 10.0) -> None:
+        super().__init__(phrase_ms=phrase_ms, delay=delay)
+        self.hold_s = hold_s
+        self.recalled = 0
+        self.order: list[str] = []
+
+    def _steps(self, text: str, state: CallState, cancel: CancelToken) -> Iterator[FloatArray]:
+        for word in text.split():
+            if word == "!hold":
+                recalled = threading.Event()
+                recall = unit_grant().recall
+                if recall is not None:
+                    recall.on_cancel(recalled.set)
+                self.gated.set()
+                if recalled.wait(self.hold_s):
+                    self.recalled += 1
+                    self.order.append(f"{state.call_id}:recalled")
+                    yield np.zeros(0, np.float32)  # the unit ends; the word comes next
+            self._work(self.delay)
+            self.order.append(f"{state.call_id}:{word}")
+            yield tone(len(word), self.phrase_ms)
+
+
+async def test_a_new_call_start_recalls_a_unit_of_a_call_with_audio_to_spare(
+    dock: FakeDock,
+) -> None:
+    """One worker, busy with a long unit of a call whose listener has seconds of audio
+    queued: a new call's first unit does not wait for it (pool Rule 4). The unit is
+    recalled, the new call's first unit runs, then the recalled work again, and the
+    first call's listener never runs dry."""
+    # each step takes 1 s (a unit is not expected to end at once, and a start that
+    # comes up to 0.5 s into one may recall it) and makes 4 s of audio
+    synth = RecallSynth(phrase_ms=4000, delay=1.0)
+    async with running(synth, dock, synth_workers=1) as eng:
+        eng.calls.max_ahead_s = 1000.0  # never parked: the queue grows 3 s a step
+        s = await dock.session()
+        s.text(1, "w w w !hold w")
+        await asyncio.to_thread(synth.gated.wait, 10)
+        s.text(9, "hello")
+        await wait_for(lambda: eng.stats.utterances_completed == 2, within=30)
+        assert synth.recalled == 1, synth.order
+        assert synth.order.index("9:hello") < synth.order.index("1:!hold"), synth.order
+        assert synth.order.index("1:recalled") < synth.order.index("9:hello"), synth.order
+        await wait_for(lambda: audio_s(s, 1) >= 20.0 - 0.01)  # nothing of call 1 lost
+        assert audio_s(s, 1) == pytest.approx(20.0, abs=0.01)
+        assert eng.stats.underruns == 0 and eng.stats.utterances_failed == 0
+        assert ":sched_recalled=1:" in await cmd(eng.cmd_port, "STATS")
+        prom = parse_metrics(await cmd(eng.cmd_port, "METRICS"))
+        assert sample(prom, "ttsdock_engine_sched_recalled_total") == 1
+
+
+async def test_a_start_does_not_recall_a_unit_whose_listener_would_run_dry(
+    dock: FakeDock,
+) -> None:
+    """The unit holding the worker belongs to a call with little audio queued (words of
+    100 ms that take 1 s each): recalling it would cut a gap into that call, so the new
+    call waits."""
+    synth = RecallSynth(phrase_ms=100, delay=1.0, hold_s=1.0)
+    async with running(synth, dock, synth_workers=1) as eng:
+        s = await dock.session()
+        s.text(1, "w w !hold w")
+        await asyncio.to_thread(synth.gated.wait, 10)
+        s.text(9, "hello")
+        await wait_for(lambda: eng.stats.utterances_completed == 2, within=30)
+        assert synth.order.index("1:!hold") < synth.order.index("9:hello"), synth.order
+        assert synth.recalled == 0
+        assert eng.calls.pool is not None and eng.calls.pool.recalled == 0
 
 
 async def test_parked_utterance_stays_a_bounded_time_ahead(dock: FakeDock) -> None:

@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engines.runtime.playback import UNDERRUN_MIN_S, PlaybackMeter
-from engines.runtime.schedule import DeadlineQueue, StepEstimate, deadline_for
+from engines.runtime.schedule import (
+    RECALL_MARGIN_S,
+    RECALL_WAIT_S,
+    DeadlineQueue,
+    RunningUnit,
+    StepEstimate,
+    deadline_for,
+    recall_victim,
+)
 from engines.runtime.synth import SAMPLE_RATE, PlaybackClock
 
 # -- DeadlineQueue ---------------------------------------------------------------------
@@ -105,6 +113,71 @@ def test_pop_order_is_sorted_by_deadline_among_ready_items(
 def test_deadline_rule() -> None:
     # the listener runs dry at 10 s, the next unit takes 0.4 s, at most 3 s ahead
     assert deadline_for(10.0, 0.4, 3.0) == (pytest.approx(9.6), 7.0)
+
+
+# -- recalling a running unit for a new utterance's start ------------------------------
+
+
+def unit(
+    started: float, expected: float, queued: float, *, first: bool = False, recalled: bool = False
+) -> RunningUnit:
+    """A unit at ``now`` = 10.0 whose listener has ``queued`` s of audio."""
+    return RunningUnit(started, expected, 10.0 + queued, first, recalled)
+
+
+def test_a_start_recalls_the_unit_whose_listener_can_spare_it_that_started_last() -> None:
+    first = 0.3  # a first unit's expected compute
+    # two units of 0.4 s, 0.3 s to go at least: both listeners have 3 s queued
+    a, b = unit(9.9, 0.4, 3.0), unit(9.95, 0.4, 3.0)
+    assert recall_victim([a, b], 10.0, first) == 1  # the least work lost
+    # b's listener has less than the start, b's unit twice and the margin
+    b_short = unit(9.95, 0.4, first + 0.8 + RECALL_MARGIN_S - 0.01)
+    assert recall_victim([a, b_short], 10.0, first) == 0
+    assert recall_victim([b_short], 10.0, first) is None
+    # a first unit is never recalled
+    assert recall_victim([a, unit(9.95, 0.4, 3.0, first=True)], 10.0, first) == 0
+    assert recall_victim([unit(9.95, 0.4, 3.0, first=True)], 10.0, first) is None
+    # a worker frees within RECALL_WAIT_S: nothing is recalled
+    ending = unit(9.0, 1.0 + RECALL_WAIT_S / 2, 3.0)
+    assert recall_victim([ending, b], 10.0, first) is None
+    # a unit more than half done by its estimate is not recalled: more work would be
+    # lost than waiting for it costs
+    assert recall_victim([unit(9.7, 0.5, 3.0)], 10.0, first) is None
+    assert recall_victim([unit(9.75, 0.5, 3.0)], 10.0, first) == 0
+    # a unit past its expected end may run on: it does not count (nor is it recalled)
+    overrun = unit(9.0, 0.5, 3.0)
+    assert recall_victim([overrun, a], 10.0, first) == 1
+    assert recall_victim([overrun], 10.0, first) is None
+    # one at a time: while one is being recalled, no other
+    assert recall_victim([unit(9.9, 0.4, 3.0, recalled=True), b], 10.0, first) is None
+    assert recall_victim([], 10.0, first) is None
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 10.0),  # started
+            st.floats(0.0, 2.0),  # expected compute
+            st.floats(-1.0, 5.0),  # audio queued
+            st.booleans(),  # a first unit
+            st.booleans(),  # recalled
+        ),
+        max_size=6,
+    ),
+    st.floats(0.0, 1.0),
+)
+def test_a_recalled_unit_always_has_audio_to_spare_and_is_never_a_first_unit(
+    units: list[tuple[float, float, float, bool, bool]], first: float
+) -> None:
+    running = [unit(s, e, q, first=f, recalled=r) for s, e, q, f, r in units]
+    k = recall_victim(running, 10.0, first)
+    if k is None:
+        return
+    v = running[k]
+    assert not v.first and not any(r.recalled for r in running)
+    assert v.dry_at - 10.0 >= first + 2 * v.expected_s + RECALL_MARGIN_S
+    assert 10.0 - v.started <= v.started + v.expected_s - 10.0  # at most half done
+    assert not any(0.0 <= r.started + r.expected_s - 10.0 <= RECALL_WAIT_S for r in running)
 
 
 def test_step_estimate_is_an_ema_that_ignores_nonsense() -> None:

@@ -63,6 +63,7 @@ from engines.runtime.synth import (
     FloatArray,
     SynthesisCancelled,
     SynthesisError,
+    UnitRecalled,
     unit_grant,
 )
 
@@ -509,7 +510,11 @@ class OnnxBackend:
         outputs: list[str] | None = None,
         *,
         shrink: bool = True,
+        recallable: bool = False,
     ) -> list[Any]:
+        """One run of ``session``; ended early when ``cancel`` fires
+        (``SynthesisCancelled``), and with ``recallable`` when the pool recalls the
+        unit running in this thread (``UnitGrant.recall``: ``UnitRecalled``)."""
         import onnxruntime as ort
 
         if session is None:
@@ -518,17 +523,26 @@ class OnnxBackend:
         run_options.log_severity_level = 4  # a terminated run is not an error worth a line
         if shrink:
             run_options.add_run_config_entry(*_SHRINK)  # Rule 3
+        recall = unit_grant().recall if recallable else None
         with self._gate:
             cancel.raise_if_cancelled()
+            if recall is not None and recall.cancelled:
+                raise UnitRecalled()
             forget = cancel.on_cancel(lambda: _terminate(run_options))
+            unrecall = _noop
+            if recall is not None:
+                unrecall = recall.on_cancel(lambda: _terminate(run_options))
             try:
                 result: list[Any] = session.run(outputs, feeds, run_options)
             except Exception as exc:
                 if cancel.cancelled:
                     raise SynthesisCancelled() from None
+                if recall is not None and recall.cancelled:
+                    raise UnitRecalled() from None
                 raise SynthesisError(f"inference failed: {exc}") from exc
             finally:
                 forget()
+                unrecall()
         cancel.raise_if_cancelled()
         return result
 
@@ -592,7 +606,9 @@ class OnnxBackend:
             "style": np.asarray(style, dtype=self._style_dtype).reshape(1, -1),
         }
         feeds.update(self._norm_feeds("decoder", prosody.norms))
-        outputs = self._run(self.session("decoder"), feeds, cancel, [self._audio_output])
+        outputs = self._run(
+            self.session("decoder"), feeds, cancel, [self._audio_output], recallable=True
+        )
         return np.asarray(outputs[0], dtype=np.float32).reshape(-1)
 
     def prepare(
@@ -780,6 +796,10 @@ def converted_sources(manifest: Manifest, model_path: Path, split: bool) -> Spli
         return graphs
     manifest.whole(model_path)
     return None
+
+
+def _noop() -> None:
+    pass
 
 
 def _terminate(run_options: Any) -> None:

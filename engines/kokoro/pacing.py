@@ -77,9 +77,10 @@ MAX_SAFETY = 2.0
 #: margin within a window or two and it decays over about ten steady ones.
 SURPRISE_ALPHA = 0.2
 #: While other utterances are in progress, one window's decode is kept to about this
-#: long, so the scheduler can interleave other calls' windows (a unit cannot be
-#: preempted); ``synth`` keeps windows after the first to it too while another call
-#: may start.
+#: long, so the scheduler can interleave other calls' windows (a unit runs to its end,
+#: unless the runtime's pool recalls it for a new call's start, which it does only
+#: while its listener has audio to spare); ``synth`` keeps windows after the first to it
+#: too while another call may start.
 BUSY_WINDOW_S = 0.4
 #: The frame stage run over a whole sentence costs about this share of decoding its
 #: frames, plus ``FRAME_STAGE_FIXED`` decoded frames' worth (measured, int8, one thread,
@@ -89,8 +90,8 @@ FRAME_STAGE_FIXED = 2.0
 
 
 #: Rule 6: the share rule is waived while the speech left of the utterances in progress
-#: needs at most this share of the cores until this one's has played (a unit cannot be
-#: preempted, so the cores are never all usable).
+#: needs at most this share of the cores until this one's has played (a unit runs to
+#: its end, bar a recall for a new call's start, so the cores are never all usable).
 HORIZON_LOAD = 0.9
 
 

@@ -38,8 +38,12 @@ stage) run on all its cores; each of its windows is then yielded in order, one p
 ``next()``, as soon as it is decoded: the first audio does not wait for the gang's
 other windows. The cancel token
 is checked between windows and, through ``RunOptions.terminate``, inside each
-run. A graph that cannot be split (another export) or ``split=False`` runs each
-unit as one whole inference (logged once at load).
+run. So is the pool's recall of a unit (``UnitGrant.recall``: a new call's start is
+due and every worker is busy): a window decoded alone in the pool's worker ends at
+once, the unit yields ``RECALLED`` (no audio), and the next unit decodes the same
+window; a gang's windows (helper threads) are never recalled. A graph that cannot be
+split (another export) or ``split=False`` runs each unit as one whole inference
+(logged once at load).
 
 Units are trimmed of the model's edge silence, separated by a pause that
 matches the break between them (clause / sentence), and joined with the
@@ -64,6 +68,7 @@ slightly different carried style, which we accept for the latency gain.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 import threading
@@ -158,6 +163,7 @@ from engines.runtime.synth import (
     SynthesisCancelled,
     SynthesisError,
     UnitGrant,
+    UnitRecalled,
     set_unit_grant,
     unit_grant,
 )
@@ -166,6 +172,9 @@ from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 log = structlog.get_logger(__name__)
 
+#: The chunk that ends a unit the pool recalled (runtime pool Rule 4): no audio; its
+#: window is decoded in the next unit
+RECALLED: FloatArray = np.zeros(0, dtype=np.float32)
 LEAD_KEEP_S = 0.02  # silence kept before a unit's first sound
 TAIL_KEEP_S = 0.04  # silence kept after a unit that the next one continues
 FINAL_TAIL_KEEP_S = 0.30  # after the utterance: about the model's own sentence pause
@@ -507,6 +516,10 @@ class KokoroSynthesizer:
             "windows_parallel": 0.0,
             "heap_trims": 0.0,
             "heap_trim_ms_total": 0.0,
+            # units the pool recalled for another call's start (runtime pool Rule 4),
+            # and the compute they had spent, decoded again in their next unit
+            "units_recalled": 0.0,
+            "recalled_ms_total": 0.0,
         }
         self._trimmed_at = -math.inf  # last ``trim_heap`` (``time.monotonic``)
 
@@ -916,6 +929,8 @@ class KokoroSynthesizer:
         emitted = 0
         for out in pieces:
             if not len(out):
+                if out is RECALLED:  # the unit ends here (the pool recalled it)
+                    yield out
                 continue
             if emitted == 0:
                 self._count(first_ms=(time.perf_counter() - t0) * 1000)
@@ -1298,14 +1313,26 @@ class KokoroSynthesizer:
                 # audio queued ahead of the listener when the unit began (debug log)
                 queued = self._ahead_s(state) if state.playback is not None else None
                 many = len(gang) > 1
+                if many:  # a gang's windows run on in helper threads: not recalled
+                    set_unit_grant(replace(grant, recall=None))
                 threads = 1 if many else self._threads_for(grant)
                 crowded = many or _crowded(grant)  # a gang's windows keep every core busy
                 t_g = time.perf_counter()
                 frames = sum(w.decoded_frames for w in gang)
                 # (window, compute, when its decode ended)
                 done: list[tuple[Window, float, float]] = []
-                with closing(self._decode(gang, prosody, style, cancel)) as decoded:
-                    for w, (audio, compute, at) in zip(gang, decoded, strict=True):
+                try:
+                    decoded = self._decode(gang, prosody, style, cancel)
+                    first = next(decoded)
+                except UnitRecalled:
+                    # nothing of the window was decoded: the worker goes to another call's
+                    # start (runtime pool Rule 4), and the next unit decodes it
+                    yield self._recalled(state, gang[0], time.perf_counter() - t_g)
+                    continue
+                with closing(decoded):
+                    for w, (audio, compute, at) in zip(
+                        gang, itertools.chain([first], decoded), strict=True
+                    ):
                         done.append((w, compute, at))
                         unrendered = w.last and planner.cut_tail > 0
                         rest: Window | None = None
@@ -1331,9 +1358,15 @@ class KokoroSynthesizer:
                         yield out  # a gang's first window while the others still decode
                         if rest is not None:
                             t_d = time.perf_counter()
-                            audio = backend.decode(
-                                prosody, rest.ctx_start, rest.ctx_end, style, cancel
-                            )
+                            while True:
+                                try:
+                                    audio = backend.decode(
+                                        prosody, rest.ctx_start, rest.ctx_end, style, cancel
+                                    )
+                                    break
+                                except UnitRecalled:
+                                    yield self._recalled(state, rest, time.perf_counter() - t_d)
+                                    t_d = time.perf_counter()
                             again = time.perf_counter() - t_d
                             done.append((rest, again, time.perf_counter()))
                             if not many:
@@ -1387,6 +1420,19 @@ class KokoroSynthesizer:
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
                 planned = None if cost is None or ahead is None else ahead - cost
                 gang = self._next_gang(planner, state, shape.context, planned, speech)
+
+    def _recalled(self, state: CallState, w: Window, lost_s: float) -> FloatArray:
+        """Count and log a unit recalled before window ``w`` was decoded (its ``lost_s``
+        of compute); ``RECALLED``, the unit's end."""
+        self._count(infer_ms=lost_s * 1000, recalled_ms=lost_s * 1000)
+        log.debug(
+            "unit_recalled",
+            call_id=state.call_id,
+            index=w.index,
+            lost_ms=round(lost_s * 1000, 1),
+            queued_ms=round(self._ahead_s(state) * 1000),
+        )
+        return RECALLED
 
     def _piece(
         self,
@@ -1489,9 +1535,13 @@ class KokoroSynthesizer:
         audio_s: float = 0.0,
         first_ms: float | None = None,
         parallel: int = 0,
+        recalled_ms: float | None = None,
     ) -> None:
         with self._stats_lock:
             c = self._counters
+            if recalled_ms is not None:
+                c["units_recalled"] += 1
+                c["recalled_ms_total"] += recalled_ms
             c["utterances"] += utterances
             c["units"] += units
             c["windows"] += windows

@@ -59,7 +59,7 @@ from engines.runtime.cpus import available_cpus
 from engines.runtime.load import LoadSnapshot
 from engines.runtime.playback import PlaybackMeter
 from engines.runtime.pool import Job, Step, SynthesisPool
-from engines.runtime.schedule import MAX_AHEAD_S, SYNTH_WORKERS
+from engines.runtime.schedule import MAX_AHEAD_S, RECALL_WAIT_S, SYNTH_WORKERS
 from engines.runtime.stats import RuntimeStats
 from engines.runtime.synth import (
     ExecutionPlan,
@@ -107,6 +107,7 @@ class SynthesisFigures:
     parked: int | None = None
     busy: int | None = None
     open_jobs: int | None = None
+    recalled: int | None = None  # recalls asked for a start (pool Rule 4), ever
 
 
 class _Worker:
@@ -163,6 +164,8 @@ class CallManager:
         )
         if self.pool is not None:
             self.pool.live_calls = lambda: len(self.table.calls)
+            self.pool.unit_s = lambda job: self.table.next_unit_s(job.estimate, 0.0)
+            self.pool.first_unit_s = lambda: self.table.first_unit.value
         self._capacity = asyncio.Semaphore(max_concurrent)  # utterances synthesised at once
         self.waiting = 0  # utterances waiting for synthesis capacity
         self.running = 0  # utterances holding it
@@ -219,6 +222,7 @@ class CallManager:
             parked,
             busy,
             open_jobs,
+            pool.recalled,
         )
 
     # -- events from the dock (all synchronous, on the loop) -------------------------------
@@ -418,6 +422,8 @@ class CallManager:
             meter=meter,
         )
         pool.submit(job, self.table.first_deadline(call, utt))
+        # pool Rule 4 again once a unit expected to end soon may have run on past it
+        recheck = loop.call_later(2 * RECALL_WAIT_S, pool.recall_check)
         utt.token.on_cancel(lambda: deliver(None))
         end: UtteranceEnd | None = None
         cancelled = False
@@ -454,6 +460,7 @@ class CallManager:
                 )
                 pool.requeue(job, deadline, ready_at)
         finally:
+            recheck.cancel()
             if end is None or cancelled:  # the pool closes the generator
                 pool.release(job)
         return end

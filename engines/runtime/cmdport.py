@@ -427,6 +427,7 @@ class CommandHandler:
                 f"sched_parked={syn.parked}",
                 f"sched_busy={syn.busy}",
                 f"sched_open={syn.open_jobs}",
+                f"sched_recalled={syn.recalled}",
             ]
         else:
             fields.append("synth_workers=self_scheduled")

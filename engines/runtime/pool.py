@@ -23,6 +23,16 @@ worker for it (one may be waiting here).
     NEW --submit--> QUEUED --worker pops--> RUNNING --step ends--> OUT | DONE
     OUT --requeue--> QUEUED          (cancelled: queued at the front, only closed)
 
+Rule 4: a new utterance's first unit that is due with every worker busy recalls a
+running unit (``schedule`` Rule 3, ``recall_victim``; checked when the first unit is
+queued, when a worker takes another unit while it waits, and once more a little later,
+``recall_check``): it fires that unit's ``UnitGrant.recall``, and an engine that
+honours it ends the unit at once with no audio; the loop requeues the job by its
+deadline as after any unit, and the free worker takes the first unit. A recalled
+unit's work is lost (its compute), never its audio: it had none yet. ``recalled``
+counts the recalls asked for (an engine may ignore one; the unit then runs on, and
+no other is recalled meanwhile).
+
 A cancelled job (barge-in, CALL_END, dock lost, shutdown) is moved to the front
 of the queue (``cancelled``), where a worker only closes its generator: no more
 inference is spent on it. ``stop`` lets the workers close every open job (also
@@ -37,12 +47,18 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engines.runtime.audio import UtteranceFramer
 from engines.runtime.cpus import available_cpus
 from engines.runtime.playback import PlaybackMeter
-from engines.runtime.schedule import DeadlineQueue, StepEstimate
+from engines.runtime.schedule import (
+    START_SLACK_S,
+    DeadlineQueue,
+    RunningUnit,
+    StepEstimate,
+    recall_victim,
+)
 from engines.runtime.synth import (
     CancelToken,
     FloatArray,
@@ -122,6 +138,12 @@ class SynthesisPool:
         self.busy = 0  # workers inside a step
         #: the calls the engine serves now (``UnitGrant.calls``; the call table's count)
         self.live_calls: Callable[[], int] = lambda: 1
+        #: Rule 4: the expected compute of a job's next unit, and of a first unit (the
+        #: call table's estimates; 0: unknown, and nothing is recalled)
+        self.unit_s: Callable[[Job], float] = lambda job: 0.0
+        self.first_unit_s: Callable[[], float] = lambda: 0.0
+        self._running: dict[Job, _Running] = {}  # Rule 4: the units workers run now
+        self.recalled = 0  # recalls asked for (Rule 4)
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -134,8 +156,10 @@ class SynthesisPool:
             self._start_threads()
             job.state = JobState.QUEUED
             self._open.add(job)
-            self._queue.push(job, deadline, self.clock(), ready_at)
+            now = self.clock()
+            self._queue.push(job, deadline, now, ready_at)
             self._cond.notify()
+            self._recall(now)
         job.token.on_cancel(lambda: self.cancelled(job))
 
     def requeue(self, job: Job, deadline: float, ready_at: float = -math.inf) -> None:
@@ -167,6 +191,38 @@ class SynthesisPool:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+
+    def recall_check(self) -> None:
+        """Rule 4 once more (the loop calls it twice ``RECALL_WAIT_S`` after queueing a
+        first unit: a unit expected to end by then may run on past its estimate)."""
+        with self._cond:
+            self._recall(self.clock())
+
+    def _recall(self, now: float) -> None:
+        """Rule 4 (with the lock held): while a new utterance's first unit is ready and
+        due within ``START_SLACK_S`` with every worker busy, recall the running unit
+        ``recall_victim`` picks, if any (called when a first unit is queued, and when a
+        worker took another unit while one waits)."""
+        if self.busy < self.workers or not self._running:
+            return
+        due = now + START_SLACK_S
+        if not any(j.steps == 0 and d <= due for j, d in self._queue.ready_items(now)):
+            return
+        jobs = list(self._running)
+        units = [
+            RunningUnit(
+                started=r.started,
+                expected_s=self.unit_s(job),
+                dry_at=job.meter.dry_at(now),
+                first=r.first,
+                recalled=r.recall.cancelled,
+            )
+            for job, r in self._running.items()
+        ]
+        k = recall_victim(units, now, self.first_unit_s())
+        if k is not None:
+            self.recalled += 1
+            self._running[jobs[k]].recall.cancel()
 
     def live_threads(self) -> int:
         return sum(1 for t in self._threads if t.is_alive())
@@ -215,11 +271,16 @@ class SynthesisPool:
                         return None
                     got = (held[0], 0.0)
                 if got is not None:
-                    got[0].state = JobState.RUNNING
+                    job = got[0]
+                    job.state = JobState.RUNNING
                     self.busy += 1
                     if self._queue.ready(now):  # the notify this worker waited past
                         self._cond.notify()
-                    return got[0], got[1], self._grant(now)
+                    recall = CancelToken()
+                    self._running[job] = _Running(now, job.steps == 0, recall)
+                    grant = replace(self._grant(now), recall=recall)
+                    self._recall(now)  # a start still waits (Rule 4)
+                    return job, got[1], grant
                 wake = self._queue.next_ready_at(now)
                 self._cond.wait(None if wake is None else max(wake - now, 0.001))
 
@@ -253,6 +314,7 @@ class SynthesisPool:
                 set_unit_grant(None)
                 with self._cond:
                     self.busy -= 1
+                    self._running.pop(job, None)
                     if step.finished:
                         job.state = JobState.DONE
                         self._open.discard(job)
@@ -293,6 +355,16 @@ class SynthesisPool:
         if finished:
             error = _close(job, error)
         return Step(packets, compute, wait_s, finished, error)
+
+
+@dataclass(slots=True)
+class _Running:
+    """A unit a worker runs (Rule 4): when it began, whether it is its utterance's first,
+    and the token that recalls it (``UnitGrant.recall``)."""
+
+    started: float
+    first: bool
+    recall: CancelToken
 
 
 def _close(job: Job, error: BaseException | None) -> BaseException | None:

@@ -8,6 +8,12 @@ among equal deadlines.
 Rule 2: this file knows no threads, clocks or synthesisers: times are plain floats
 (seconds of one monotonic clock) passed in by the caller (``pool.SynthesisPool``).
 
+Rule 3: a unit cannot be cut short, but it can be recalled (``recall_victim``): when a
+new utterance's first unit is due and every worker is busy, the running unit of an
+utterance whose listener has audio to spare gives its worker back (an engine that can,
+ends it with no audio and does the work again in its next unit), so a caller's first
+audio does not wait up to a whole window of another call's.
+
 Bounds: the queue holds at most one item per utterance in progress, and utterances
 in progress are bounded by ``--max-concurrent``; ``pop`` scans the items once
 (linear in that bound, a handful), which is simpler than a heap with lazy deletion
@@ -105,6 +111,10 @@ class DeadlineQueue(Generic[T]):
             return None
         return max(now, min(times))
 
+    def ready_items(self, now: float) -> list[tuple[T, float]]:
+        """The items ready to run at ``now``, with their deadlines."""
+        return [(item, e.deadline) for item, e in self._items.values() if e.ready_at <= now]
+
     def ready(self, now: float) -> int:
         """Items ready to run at ``now``."""
         return sum(1 for _, e in self._items.values() if e.ready_at <= now)
@@ -131,6 +141,49 @@ def start_deadline(t_text: float, play_until: float, first_unit_s: float) -> flo
     while its call still plays the previous sentence, when that one would run dry minus
     the expected first unit (whichever is later)."""
     return max(t_text + START_SLACK_S, play_until - first_unit_s)
+
+
+#: Rule 3: a new utterance's first unit that is due with every worker busy recalls a
+#: running unit (``recall_victim``) unless one is expected to end within this long ...
+RECALL_WAIT_S = 0.1
+#: ... and only a unit whose listener has this much audio to spare beyond the first unit
+#: and twice its own unit (it waits for a worker, then decodes again; s)
+RECALL_MARGIN_S = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class RunningUnit:
+    """What ``recall_victim`` knows of a unit a worker is running (times in seconds of
+    the caller's clock)."""
+
+    started: float
+    expected_s: float  # its expected compute (the job's estimate, else the engine's)
+    dry_at: float  # when its listener runs out of the audio produced so far
+    first: bool  # an utterance's first unit: never recalled
+    recalled: bool = False  # recalled already (it is ending)
+
+
+def recall_victim(running: list[RunningUnit], now: float, first_unit_s: float) -> int | None:
+    """Rule 3: which running unit (its index) gives its worker to a new utterance's first
+    unit that is due now with every worker busy; None while one is being recalled or
+    one is expected to end within ``RECALL_WAIT_S`` (a unit past its expected end may
+    run on for long: it does not count). Else, of the units after an utterance's first
+    that are at most half done by their estimate (the work lost is less than the wait
+    saved) and whose listener has audio queued for the first unit (``first_unit_s``),
+    twice the unit's expected compute and ``RECALL_MARGIN_S``, the one that started
+    last (the least work lost); None if there is none."""
+    best: int | None = None
+    for k, r in enumerate(running):
+        left = r.started + r.expected_s - now
+        if r.recalled or 0.0 <= left <= RECALL_WAIT_S:
+            return None
+        if r.first or left < now - r.started:
+            continue
+        if r.dry_at - now < first_unit_s + 2 * r.expected_s + RECALL_MARGIN_S:
+            continue
+        if best is None or r.started > running[best].started:
+            best = k
+    return best
 
 
 class StepEstimate:

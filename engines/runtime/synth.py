@@ -40,6 +40,12 @@ class SynthesisError(Exception):
     """A synthesis failed for a reason worth one log line (bad text, model error)."""
 
 
+class UnitRecalled(Exception):
+    """Raised inside a synthesiser's unit whose ``UnitGrant.recall`` fired (a model call
+    that registered for it ended early): the synthesiser ends the unit with an empty
+    chunk and does that work again in its next unit."""
+
+
 class VoiceNotFound(SynthesisError):
     """The requested voice does not exist."""
 
@@ -119,6 +125,10 @@ class UnitGrant:
     utterances in progress engine-wide (they share ``cpus`` with this one).
     ``calls``: calls the engine serves now, speaking or not (any of them may send its
     next sentence at any moment).
+    ``recall``: fires when the pool wants this unit's worker back for a new utterance's
+    first unit (``pool`` Rule 4; only while this utterance's listener has audio to
+    spare); a synthesiser may end the unit early with an empty chunk and do the work in
+    its next unit (``UnitRecalled``), or ignore it. None outside the pool.
     A synthesiser reads it with ``unit_grant()`` inside ``next()``.
     """
 
@@ -126,6 +136,7 @@ class UnitGrant:
     cpus: int = 1
     others: int = 0
     calls: int = 1
+    recall: CancelToken | None = field(default=None, compare=False)
 
     @property
     def share(self) -> float:
