@@ -529,9 +529,7 @@ class OnnxBackend:
             if recall is not None and recall.cancelled:
                 raise UnitRecalled()
             forget = cancel.on_cancel(lambda: _terminate(run_options))
-            unrecall = _noop
-            if recall is not None:
-                unrecall = recall.on_cancel(lambda: _terminate(run_options))
+            unrecall = None if recall is None else recall.on_cancel(lambda: _terminate(run_options))
             try:
                 result: list[Any] = session.run(outputs, feeds, run_options)
             except Exception as exc:
@@ -542,7 +540,8 @@ class OnnxBackend:
                 raise SynthesisError(f"inference failed: {exc}") from exc
             finally:
                 forget()
-                unrecall()
+                if unrecall is not None:
+                    unrecall()
         cancel.raise_if_cancelled()
         return result
 
@@ -796,10 +795,6 @@ def converted_sources(manifest: Manifest, model_path: Path, split: bool) -> Spli
         return graphs
     manifest.whole(model_path)
     return None
-
-
-def _noop() -> None:
-    pass
 
 
 def _terminate(run_options: Any) -> None:

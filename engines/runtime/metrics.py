@@ -91,7 +91,7 @@ def engine_families(
     if load.headroom_calls is not None:
         gauges["headroom_calls"] = round(load.headroom_calls, 6)
     fams += [gauge(p + name, value) for name, value in gauges.items()]
-    if syn.recalled is not None:  # pool Rule 4: units that gave their worker to a start
+    if syn.recalled is not None:  # pool Rule 4: recalls asked for a start, ever
         fams.append(counter(f"{p}sched_recalled_total", syn.recalled))
     if plan is not None:
         fams.append(
