@@ -374,6 +374,28 @@ def test_a_first_window_shared_by_a_gang_puts_its_smallest_part_first() -> None:
             assert sum(parts) == span and parts[0] == min(parts) and max(parts) - min(parts) <= 1
 
 
+def test_a_skewed_first_window_leaves_its_first_part_the_time_of_the_skew() -> None:
+    """``skew``: the first part's share is of the span less the skew (its thread then
+    runs the next windows' frame stage, synth ``_Prefetch``), the others take the rest;
+    the first part is never empty, and the first audio comes that much sooner."""
+    assert first_gang_frames(26, 2, skew=6) == [10, 16]
+    assert first_gang_frames(26, 3, skew=5) == [7, 10, 9]
+    assert first_gang_frames(4, 2, skew=40) == [1, 3]
+    assert first_gang_frames(9, 1, skew=4) == [9]
+    for span in range(1, 60):
+        for gang in range(1, 5):
+            for skew in range(0, 12):
+                parts = first_gang_frames(span, gang, skew)
+                assert sum(parts) == span and parts[0] == min(parts) >= 1
+                assert parts[0] <= first_gang_frames(span, gang)[0]
+    kw = {"context": 2, "min_frames": 24, "max_frames": MAX, "ramp": 12}
+    pace = Pace.from_rtf(1.0, gang=2)
+    even = simulate(300, 26, pace=pace, **kw)  # type: ignore[arg-type]
+    skewed = simulate(300, 26, pace=pace, skew=6, **kw)  # type: ignore[arg-type]
+    assert even.start_s == pytest.approx(pace.decode_s(13 + 2))
+    assert skewed.start_s == pytest.approx(pace.decode_s(10 + 2))
+
+
 def test_the_first_part_of_a_gang_must_be_heard_until_the_others_are_ready() -> None:
     """The first audio leaves with the first part; its speech (after the trimmed pad)
     must last until the gang's larger part is decoded, else that is a gap inside the

@@ -260,12 +260,12 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     assert kokoro_synth.stats()["windows_parallel"] - before >= 4
     assert serial_phases[0] == ("prosody", 2, 0), serial_phases
     # a sentence's first gang runs the frame stage on its own frames (nothing else
-    # delays the first audio), right after its prosody pass; a later gang, ahead too
-    assert set(serial_phases) == {
-        ("prosody", 2, 0),
-        ("frame", 2, 0),
-        ("frame", 2, FRAME_AHEAD),
-    }, serial_phases
+    # delays the first audio), right after its prosody pass, on all its cores; a later
+    # gang on all its cores ahead too (unless the gang before ran it beside its windows,
+    # on one core: ``_Prefetch``)
+    on_all = {p for p in serial_phases if p[1] == 2}
+    assert on_all == {("prosody", 2, 0), ("frame", 2, 0), ("frame", 2, FRAME_AHEAD)}, serial_phases
+    assert all(p == ("frame", 1, FRAME_AHEAD) for p in serial_phases if p[1] == 1), serial_phases
     assert all(
         (p == ("frame", 2, 0)) == (serial_phases[k - 1][0] == "prosody")
         for k, p in enumerate(serial_phases)
@@ -282,6 +282,110 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     # another window plan renders the same sentence (the decoder's noise differs per run):
     # about 1 dB; a gang joined out of order is not the same sentence
     assert spectral_distance(serial[:n], gang[:n]) < 2.0
+
+
+def test_a_gangs_next_frame_stage_runs_beside_its_windows(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gang's next windows' frame stage runs on one core in one of its threads once
+    that thread's window is decoded (``synth._Prefetch``), not on all the cores before
+    the next gang: after the sentence's first gang, every run of the frame stage is on
+    one core, and the windows of each later gang lie inside the span it ran. The
+    sentence is the one heard without it."""
+    backend = spy(kokoro_synth)
+    monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
+    narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
+    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", narrow)
+    runs: list[tuple[int, int, int]] = []  # frame-stage runs: (cores, start, end)
+    decodes: list[tuple[int, int]] = []  # windows decoded: (start, end) with context
+    frame, decode = backend._frame, backend.decode
+
+    def spied_frame(prosody: Any, start: int, end: int, *args: Any, **kw: Any) -> Any:
+        runs.append((unit_grant().cores, start, end))
+        return frame(prosody, start, end, *args, **kw)
+
+    def spied_decode(prosody: Any, start: int, end: int, *args: Any) -> Any:
+        decodes.append((start, end))
+        return decode(prosody, start, end, *args)
+
+    monkeypatch.setattr(backend, "_frame", spied_frame)
+    monkeypatch.setattr(backend, "decode", spied_decode)
+    kokoro_synth._cache.clear()
+    before = kokoro_synth.stats()["frame_stage_prefetches"]
+    ahead = np.concatenate(speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=27))
+    assert kokoro_synth.stats()["frame_stage_prefetches"] - before >= 1
+    assert runs[0][0] == 2, runs  # the first gang's, on both cores
+    # then the next windows', on one core, until one over the whole sentence (its own
+    # statistics: pacing Rule 5)
+    whole = [r for r in runs if r[1] == 0 and r != runs[0]]
+    ahead_runs = [r for r in runs[1:] if r not in whole]
+    assert ahead_runs and all(cores == 1 for cores, _, _ in ahead_runs), runs
+    assert all(any(lo <= a and b <= hi for _, lo, hi in runs) for a, b in decodes), (
+        runs,
+        decodes,
+    )
+
+    monkeypatch.setattr(kokoro_synth, "_frame_stage_prefetch", lambda *a: None)
+    kokoro_synth._cache.clear()
+    runs.clear()
+    before_run = np.concatenate(speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=27))
+    assert any(cores == 2 and lo > 0 for cores, lo, _ in runs), runs  # the gangs' own
+    assert abs(len(ahead) - len(before_run)) <= 2 * FRAME_SAMPLES
+    n = min(len(ahead), len(before_run))
+    assert spectral_distance(before_run[:n], ahead[:n]) < 1.0
+
+
+def test_a_gangs_last_window_is_shorter_by_the_frame_stage_it_runs_after(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the next gang's frame stage is due, a gang asks its last window for fewer
+    frames than its others, by what that run costs (``_prefetch_frames``): the thread
+    done first runs it, and the gang's cores end together; else its windows are asked
+    for the same."""
+    monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
+    narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
+    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", narrow)
+    monkeypatch.setattr(kokoro_synth, "_prefetch_frames", lambda pace, frames: 5)
+    asked: list[list[int | None]] = []  # per later gang: the frames asked of each window
+    asking: list[int | None] | None = None
+    plain_next, plain_gang = windows.WindowPlanner.next, kokoro_synth._next_gang
+
+    def spied_next(self: windows.WindowPlanner, budget: int | None = None, **kw: Any) -> Any:
+        if asking is not None:
+            asking.append(budget)
+        return plain_next(self, budget, **kw)
+
+    def spied_gang(*args: Any, **kw: Any) -> Any:
+        nonlocal asking
+        asking = []
+        try:
+            return plain_gang(*args, **kw)
+        finally:
+            asked.append(asking)
+            asking = None
+
+    firsts: list[tuple[int, list[int]]] = []  # the first gang: (skew, its windows' frames)
+    plain_first = kokoro_synth._first_gang
+
+    def spied_first(planner: Any, first_at: Any, gang: int, skew: int = 0) -> Any:
+        out = plain_first(planner, first_at, gang, skew)
+        firsts.append((skew, [w.frames for w in out]))
+        return out
+
+    monkeypatch.setattr(windows.WindowPlanner, "next", spied_next)
+    monkeypatch.setattr(kokoro_synth, "_next_gang", spied_gang)
+    monkeypatch.setattr(kokoro_synth, "_first_gang", spied_first)
+    kokoro_synth._cache.clear()
+    speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=28)
+    pairs = [a for a in asked if len(a) == 2]
+    assert pairs, asked
+    shorter = [(a, b) for a, b in pairs if a != b]
+    assert shorter, asked
+    assert all(a is not None and b == max(1, a - 5) for a, b in shorter), asked
+    # the sentence's first gang: its first part (whose thread runs the frame stage once it
+    # is decoded) short of an even share by as much
+    [(skew, parts)] = firsts
+    assert skew == 5 and len(parts) == 2 and parts[1] - parts[0] >= 4, firsts
 
 
 def test_a_gangs_first_window_is_heard_while_the_others_still_decode(

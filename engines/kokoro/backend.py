@@ -253,6 +253,10 @@ class PreparedBackend(Protocol):
         ahead: int = 0,
     ) -> None: ...
 
+    def covered(self, prosody: Prosody, start: int, end: int) -> bool:
+        """Whether decodes of frames ``[start, end)`` need no run of the frame stage."""
+        ...
+
 
 @runtime_checkable
 class MarkedBackend(Protocol):
@@ -319,6 +323,9 @@ class OnnxBackend:
         self._gate: Any = (
             threading.BoundedSemaphore(max_parallel) if max_parallel > 0 else nullcontext()
         )
+        #: a sentence's ``prosody.span`` is read by a gang's windows while a thread that
+        #: is done with its own may write the next windows' (``prepare``, synth)
+        self._span_lock = threading.Lock()
         #: stage ("whole", "prosody", "decoder") -> intra-op threads -> session
         self.sessions: dict[str, dict[int, Any]] = {}
         #: instance norms that take given statistics (``norms``), the frame stage's
@@ -626,6 +633,15 @@ class OnnxBackend:
         if prosody.features is None:
             self._features(prosody, start, end, style, cancel, ahead)
 
+    def covered(self, prosody: Prosody, start: int, end: int) -> bool:
+        """Whether decodes of frames ``[start, end)`` need no run of the frame stage
+        (``PreparedBackend``): the sentence's whole run, or the span last run covers them."""
+        if prosody.features is not None:
+            return True
+        norms = prosody.norms if self.norm_count else None
+        with self._span_lock:
+            return prosody.span.covers(start, end, prosody.n_frames, norms)
+
     def _features(
         self,
         prosody: Prosody,
@@ -640,13 +656,16 @@ class OnnxBackend:
         sentence with its own."""
         span, n = prosody.span, prosody.n_frames
         norms = prosody.norms if self.norm_count else None
-        if not span.covers(start, end, n, norms):
-            lo = max(0, start - FRAME_MARGIN) if norms is not None else 0
-            hi = min(n, end + max(0, ahead) + FRAME_MARGIN) if norms is not None else n
-            out = self._frame(prosody, lo, hi, style, norms, cancel)[0]
+        with self._span_lock:
+            if span.covers(start, end, n, norms):
+                assert span.features is not None
+                return span.features[:, :, 2 * (start - span.start) : 2 * (end - span.start)]
+        lo = max(0, start - FRAME_MARGIN) if norms is not None else 0
+        hi = min(n, end + max(0, ahead) + FRAME_MARGIN) if norms is not None else n
+        out = self._frame(prosody, lo, hi, style, norms, cancel)[0]
+        with self._span_lock:
             span.start, span.end, span.features, span.norms = lo, hi, out, norms
-        assert span.features is not None
-        return span.features[:, :, 2 * (start - span.start) : 2 * (end - span.start)]
+        return out[:, :, 2 * (start - lo) : 2 * (end - lo)]
 
     def _norm_feeds(self, stage: str, norms: NormStats | None) -> dict[str, Any]:
         """The norm inputs of ``stage``: its part of ``norms``, else its own (weight 1)."""

@@ -216,12 +216,15 @@ def frame_stage_fits(
     return next_window_frames(ahead_s - cost, pace, context) >= min(least, remaining)
 
 
-def first_gang_frames(span: int, gang: int) -> list[int]:
+def first_gang_frames(span: int, gang: int, skew: int = 0) -> list[int]:
     """The frames of each window of a first window of ``span`` frames decoded by a
     ``gang`` (Rule 3): shared evenly, the first part never the larger (it alone delays
-    the first audio), at most one part per frame."""
+    the first audio), at most one part per frame. ``skew``: the first part's share is
+    of ``span - skew`` frames, the others take the rest (the thread that decodes the
+    first part then works that long on something else: the next windows' frame stage,
+    synth ``_Prefetch``)."""
     parts = max(1, min(gang, span))
-    head = span // parts
+    head = span if parts == 1 else max(1, (span - max(0, skew)) // parts)
     rest = span - head
     out = [head]
     for k in range(parts - 1, 0, -1):
@@ -256,6 +259,7 @@ def simulate(
     decode_from: int = 0,
     ramp: int | None = None,
     later: Pace | None = None,
+    skew: int = 0,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -265,7 +269,8 @@ def simulate(
     first (``WindowPlanner``; None: ``min_frames``); ``ahead_s``: audio already queued
     ahead of the listener when the first window starts decoding (None: the listener
     waits for this sentence, so its start is not a gap); ``pace``: the first window's
-    speed, ``later`` the others' (default: the same; with a ``gang``, Rule 3).
+    speed, ``later`` the others' (default: the same; with a ``gang``, Rule 3, its
+    first window shared by ``first_gang_frames`` with ``skew``).
     """
     step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
@@ -276,7 +281,7 @@ def simulate(
     if pace.gang > 1 and first_end - decode_from > 1:
         # the first window's frames shared by a gang, decoded at once: its first part is
         # played as soon as it is ready, the others must be ready before it has played
-        parts = first_gang_frames(first_end - decode_from, pace.gang)
+        parts = first_gang_frames(first_end - decode_from, pace.gang, skew)
         each, lo = [], decode_from
         for frames in parts:  # each part decoded with its context (none past the edges)
             each.append(min(n_frames, lo + frames + context) - max(0, lo - context))
@@ -355,6 +360,7 @@ def plan_first_end(
     ramp: int | None = None,
     later: Pace | None = None,
     safety: float = SAFETY,
+    skew: int = 0,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
@@ -363,8 +369,8 @@ def plan_first_end(
     exceed that). When audio is already queued and no plan is gap-free, the earliest
     plan whose only gap is before the sentence's first audio (it starts late, then
     plays through) comes before a longer first window. The gaps predicted for the
-    choice come with it. ``later``: the speed of the windows after the first
-    (``simulate``)."""
+    choice come with it. ``later``: the speed of the windows after the first, and
+    ``skew`` the share of a gang's first window (``simulate``)."""
     safe = Pace(pace.frame_s * safety, pace.shared, pace.gang)
     safe_later = None if later is None else Pace(later.frame_s * safety, later.shared, later.gang)
 
@@ -381,6 +387,7 @@ def plan_first_end(
             decode_from=decode_from,
             ramp=ramp,
             later=safe_later,
+            skew=skew,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)

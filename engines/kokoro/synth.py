@@ -20,7 +20,9 @@ whole sentence does and needs only 2 frames of context
 (``windows.FIXED_STATS_SHAPE``). The first window (or gang) runs the frame-rate decoder
 (``graph_split``'s frame stage) on its own frames too, with the voice's statistics,
 so that nothing but its own frames delays the first audio, and so do the windows
-after it (``FRAME_AHEAD``) until the audio queued ahead pays for one run of it over
+after it (``FRAME_AHEAD``; a gang's next windows' run goes on one core beside its own
+windows, the last of them shorter by its cost: ``_Prefetch``) until the audio queued
+ahead pays for one run of it over
 the whole sentence with the sentence's own statistics (``pacing`` Rule 5), which the
 later windows then slice (heard with fewer word errors: README "Kokoro pipeline").
 Without the voice's statistics (a voice not measured yet, a sentence under 2 s,
@@ -73,7 +75,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from contextlib import closing
@@ -448,6 +450,47 @@ class _Speaking:
         return got + [(math.inf, 0.0)] * max(0, count - len(got))
 
 
+class _Prefetch:
+    """The frame stage's run for a gang's next windows, on one core, in whichever of the
+    gang's threads is done with its window first (the first to call it; later calls
+    return at once): the first one done would only wait for the others, and the gang's
+    last window is asked for fewer frames by its cost (``_next_gang``). Run before the
+    next gang on all its cores instead, it held them for 75-180 ms every second or third
+    gang with a burner per core, where the decode speed, which averages it in, did not
+    see it coming, and the listener heard a gap. A run that fails is left to the next
+    gang, which runs it itself and says why."""
+
+    def __init__(self, run: Callable[[], None], frames: int) -> None:
+        self._run = run
+        self.frames = frames  # the frames it runs the frame stage on, less its margins
+        self._claim = threading.Lock()
+        self.ran_s = 0.0  # its compute, once run
+        self.ended = 0.0  # ``perf_counter`` time it ended
+
+    def __call__(self) -> None:
+        if not self._claim.acquire(blocking=False):
+            return
+        t0 = time.perf_counter()
+        try:
+            self._run()
+        except SynthesisCancelled:
+            raise
+        except SynthesisError as exc:
+            log.debug("frame_stage_prefetch_failed", error=str(exc))
+            return
+        self.ended = time.perf_counter()
+        self.ran_s = self.ended - t0
+
+
+def _next_frames(n_frames: int, end: int, span: int, context: int) -> tuple[int, int] | None:
+    """The frames (with context) the gang after one of ``span`` frames ending at ``end``
+    may decode: up to twice as many (its windows grow with the audio queued); None: the
+    sentence ends there."""
+    if end >= n_frames:
+        return None
+    return max(0, end - context), min(n_frames, end + context + 2 * max(1, span))
+
+
 def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     """Whether a window's decoded ``audio`` is still speech in the last
     ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
@@ -514,6 +557,8 @@ class KokoroSynthesizer:
             "starts_delayed": 0.0,
             "gaps_predicted": 0.0,
             "windows_parallel": 0.0,
+            # frame-stage runs for a gang's next windows, done beside its last (_Prefetch)
+            "frame_stage_prefetches": 0.0,
             "heap_trims": 0.0,
             "heap_trim_ms_total": 0.0,
             # units the pool recalled for another call's start (runtime pool Rule 4),
@@ -522,6 +567,8 @@ class KokoroSynthesizer:
             "recalled_ms_total": 0.0,
         }
         self._trimmed_at = -math.inf  # last ``trim_heap`` (``time.monotonic``)
+        #: compute s per frame of a gang's ``_Prefetch`` (on one core while others decode)
+        self._prefetch_rate = StepEstimate()
 
     # -- Synthesizer interface -------------------------------------------------------
 
@@ -1129,13 +1176,16 @@ class KokoroSynthesizer:
         context: int,
         ahead: float | None = None,
         speech: _Speech | None = None,
+        prosody: Prosody | None = None,
     ) -> list[Window]:
         """The windows this unit decodes (in order; several at once: ``_gang_size``), each
         sized so that it is ready before playback runs dry (``pacing.next_window_frames``
         at this unit's grant and the ``speech`` left), with ``ahead`` s of audio queued
         (default: the clock's); while another call may start (``_calling``), each kept to
         about ``pacing.BUSY_WINDOW_S`` of decoding (``busy_window_frames``), or
-        ``CALLING_MIN_CONTEXTS`` times the context where that is longer."""
+        ``CALLING_MIN_CONTEXTS`` times the context where that is longer. A gang's last
+        window is shorter by the frame stage's run for the next gang where one is due
+        (``_Prefetch``, on ``prosody``)."""
         if planner.done:
             return []
         grant = unit_grant()
@@ -1157,20 +1207,51 @@ class KokoroSynthesizer:
             short = int(busy_window_frames(pace, context))
             per = min(per, max(short, CALLING_MIN_CONTEXTS * context))
         rest = planner.ramp if pace.gang > 1 else None
+        # the gang's last window is shorter by what the frame stage's run for the next
+        # gang costs, where one is needed: the thread done first runs it (``_Prefetch``),
+        # so that the gang's cores end together
+        last = per
+        backend = self._backend
+        if pace.gang > 1 and prosody is not None and isinstance(backend, PreparedBackend):
+            span = per * pace.gang
+            after = _next_frames(planner.n, planner.pos + span, span, context)
+            if after is not None and not backend.covered(prosody, *after):
+                frames = after[1] - after[0] + FRAME_AHEAD
+                last = max(1, per - self._prefetch_frames(pace, frames))
         gang: list[Window] = []
-        while len(gang) < pace.gang and (w := planner.next(per, rest=rest)) is not None:
+        while len(gang) < pace.gang:
+            w = planner.next(last if len(gang) == pace.gang - 1 else per, rest=rest)
+            if w is None:
+                break
             gang.append(w)
         return gang
 
-    def _first_gang(self, planner: WindowPlanner, first_at: int | None, gang: int) -> list[Window]:
+    def _first_skew(
+        self, planner: WindowPlanner, prosody: Prosody, gang: int, context: int, speech: _Speech
+    ) -> int:
+        """Frames a ``gang``'s first part is short of an even share of the sentence's first
+        window (``pacing.first_gang_frames``): what the frame stage's run for the windows
+        after it costs, which its thread runs once it is decoded (``_Prefetch``), while
+        the others still decode; 0 without a gang or that run."""
+        backend = self._backend
+        if gang < 2 or prosody.features is not None or not isinstance(backend, PreparedBackend):
+            return 0
+        span = max(1, planner.first_candidates()[0] - planner.pos)  # the default first window
+        pace = self._pace(unit_grant(), gang, speech)
+        return self._prefetch_frames(pace, 2 * context + 2 * span + FRAME_AHEAD)
+
+    def _first_gang(
+        self, planner: WindowPlanner, first_at: int | None, gang: int, skew: int = 0
+    ) -> list[Window]:
         """The sentence's first window; with a ``gang``, that window's frames shared
         between ``gang`` windows decoded at once, the first part never the larger
-        (``pacing`` Rule 3: the first audio leaves when it is decoded)."""
+        (``pacing`` Rule 3: the first audio leaves when it is decoded), and short of an
+        even share by ``skew`` frames (``_first_skew``)."""
         if gang == 1:
             w = planner.next(None, first_at=first_at)
             return [] if w is None else [w]
         end = first_at if first_at is not None else planner.lead + planner.first_frames[0]
-        head = planner.pos + first_gang_frames(max(1, end - planner.pos), gang)[0]
+        head = planner.pos + first_gang_frames(max(1, end - planner.pos), gang, skew)[0]
         w = planner.next(None, first_at=head, first_by=head, rest=planner.ramp)
         out: list[Window] = []
         while w is not None:
@@ -1182,14 +1263,21 @@ class KokoroSynthesizer:
         return out
 
     def _decode(
-        self, gang: list[Window], prosody: Prosody, style: FloatArray, cancel: CancelToken
+        self,
+        gang: list[Window],
+        prosody: Prosody,
+        style: FloatArray,
+        cancel: CancelToken,
+        prefetch: _Prefetch | None = None,
     ) -> Generator[tuple[FloatArray, float, float], None, None]:
         """Each window's decoded audio, compute seconds and the ``perf_counter`` time its
         decode ended, in order, each as soon as it is ready: one in this thread, a gang's
         others at the same time in helper threads, one intra-op thread each (after the
-        frame stage has run for all of them, here, on all the gang's cores). No decode
-        outlives the iterator: closing it waits for the helpers (a cancelled unit's
-        runs end at their next node)."""
+        frame stage has run for all of them, here, on all the gang's cores, unless the
+        gang before ran it beside its windows); the ``prefetch`` of the next gang's frame
+        stage in whichever thread is done with its window first. No decode outlives the
+        iterator: closing it waits for the helpers (a cancelled unit's runs end at their
+        next node)."""
         backend = cast(SplitBackend, self._backend)
 
         def one(w: Window, ahead: int = 0) -> tuple[FloatArray, float, float]:
@@ -1216,12 +1304,57 @@ class KokoroSynthesizer:
                 set_unit_grant(grant)
         helpers = self._helper_pool()
         futures = [helpers.submit(one, w) for w in gang[1:]]
+        # a helper takes the prefetch after its window, if it is done first
+        after = [] if prefetch is None else [helpers.submit(prefetch)]
         try:
             yield one(gang[0])
+            if prefetch is not None and not all(f.done() for f in futures):
+                prefetch()  # here, while a helper still decodes
             for f in futures:
                 yield f.result()
+            if prefetch is not None:
+                prefetch()  # here, unless a helper has begun it (then: wait for it)
+            for g in after:
+                if not g.cancel():
+                    g.result()
         finally:
             wait_all(futures)
+            wait_all(after)
+
+    def _frame_stage_prefetch(
+        self, gang: list[Window], prosody: Prosody, style: FloatArray, cancel: CancelToken
+    ) -> _Prefetch | None:
+        """The frame stage's run for the windows after a ``gang`` (``_next_frames``, and
+        ``FRAME_AHEAD`` after them), to run while the gang's last window still decodes
+        (``_Prefetch``). None: one window, nothing after it, or they need no run."""
+        backend = self._backend
+        last = gang[-1]
+        if len(gang) < 2 or last.last or not isinstance(backend, PreparedBackend):
+            return None
+        context = max(0, last.ctx_end - last.end)
+        span = _next_frames(prosody.n_frames, last.end, last.end - gang[0].start, context)
+        if span is None or backend.covered(prosody, *span):
+            return None
+        start, end = span
+
+        def run() -> None:  # on one core: the gang's other threads still decode
+            grant = unit_grant()
+            set_unit_grant(replace(grant, cores=1))
+            try:
+                backend.prepare(prosody, start, end, style, cancel, FRAME_AHEAD)
+            finally:
+                set_unit_grant(grant)
+
+        return _Prefetch(run, end - start + FRAME_AHEAD)
+
+    def _prefetch_frames(self, pace: Pace, frames: int) -> int:
+        """Decoded frames at ``pace`` that a ``_Prefetch`` of ``frames`` costs: as
+        measured (engine-wide), else as the frame stage's whole-sentence run is estimated
+        (``pacing.frame_stage_s``)."""
+        with self._stats_lock:
+            est = self._prefetch_rate
+            seconds = est.value * frames if est.n else frame_stage_s(pace, frames)
+        return math.ceil(seconds / pace.frame_s)
 
     def _helper_pool(self) -> ThreadPoolExecutor:
         with self._stats_lock:
@@ -1305,8 +1438,9 @@ class KokoroSynthesizer:
             last_unit = unit.index == len(units) - 1
             left = planner.remaining / FRAMES_PER_S if last_unit else math.inf
             speech.tell(left, self._ahead_s(state) if state.playback is not None else None)
-            first_at = self._plan_start(planner, prosody, state, emitted, shape, k, speech)
-            gang = self._first_gang(planner, first_at, k)
+            skew = self._first_skew(planner, prosody, k, shape.context, speech)
+            first_at = self._plan_start(planner, prosody, state, emitted, shape, k, speech, skew)
+            gang = self._first_gang(planner, first_at, k, skew)
             while gang:
                 cancel.raise_if_cancelled()
                 grant = unit_grant()
@@ -1321,8 +1455,9 @@ class KokoroSynthesizer:
                 frames = sum(w.decoded_frames for w in gang)
                 # (window, compute, when its decode ended)
                 done: list[tuple[Window, float, float]] = []
+                prefetch = self._frame_stage_prefetch(gang, prosody, style, cancel)
                 try:
-                    decoded = self._decode(gang, prosody, style, cancel)
+                    decoded = self._decode(gang, prosody, style, cancel, prefetch)
                     first = next(decoded)
                 except UnitRecalled:
                     # nothing of the window was decoded: the worker goes to another call's
@@ -1380,6 +1515,10 @@ class KokoroSynthesizer:
                 # cores paces the next gangs, and is its windows' inference time, as a
                 # wide session's is counted (shared by their frames)
                 gang_s = max(at for w, _, at in done if w in gang) - t_g
+                if prefetch is not None and prefetch.ran_s:
+                    self._count(prefetches=1, prefetch_s_per_frame=prefetch.ran_s / prefetch.frames)
+                    # its time past the windows' end (it ran on a core they left idle)
+                    gang_s = max(gang_s, prefetch.ended - t_g)
                 if many:
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
                     self._speed.update(1, longest, gang_s, crowded=True)
@@ -1419,7 +1558,7 @@ class KokoroSynthesizer:
                     prosody = backend.with_features(prosody, style, cancel)
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
                 planned = None if cost is None or ahead is None else ahead - cost
-                gang = self._next_gang(planner, state, shape.context, planned, speech)
+                gang = self._next_gang(planner, state, shape.context, planned, speech, prosody)
 
     def _recalled(self, state: CallState, w: Window, lost_s: float) -> FloatArray:
         """Count and log a unit recalled before window ``w`` was decoded (its ``lost_s``
@@ -1467,11 +1606,13 @@ class KokoroSynthesizer:
         shape: WindowShape,
         gang: int = 1,
         speech: _Speech | None = None,
+        skew: int = 0,
     ) -> int | None:
-        """Where the sentence's first window (or first ``gang``) ends
-        (``pacing.plan_first_end``): the default short window when the measured speed
-        keeps up, later on a slow CPU; the predicted gaps go to the playback clock (the
-        runtime logs them beside the real ones)."""
+        """Where the sentence's first window (or first ``gang``, its first part short of
+        an even share by ``skew`` frames) ends (``pacing.plan_first_end``): the default
+        short window when the measured speed keeps up, later on a slow CPU; the
+        predicted gaps go to the playback clock (the runtime logs them beside the real
+        ones)."""
         cfg = self.config
         grant = unit_grant()
         pace = self._pace(grant, gang, speech)
@@ -1500,6 +1641,7 @@ class KokoroSynthesizer:
             ramp=planner.ramp,
             later=later,
             safety=safety,
+            skew=skew,
         )
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
@@ -1515,6 +1657,7 @@ class KokoroSynthesizer:
             safety=round(safety, 2),
             shared=pace.shared,
             gang=later.gang,
+            skew=skew,
             windows=forecast.windows,
             gaps=forecast.gaps,
             start_ms=round(forecast.start_s * 1000, 1),
@@ -1536,9 +1679,13 @@ class KokoroSynthesizer:
         first_ms: float | None = None,
         parallel: int = 0,
         recalled_ms: float | None = None,
+        prefetches: int = 0,
+        prefetch_s_per_frame: float | None = None,
     ) -> None:
         with self._stats_lock:
             c = self._counters
+            if prefetch_s_per_frame is not None:
+                self._prefetch_rate.add(prefetch_s_per_frame)
             if recalled_ms is not None:
                 c["units_recalled"] += 1
                 c["recalled_ms_total"] += recalled_ms
@@ -1552,6 +1699,7 @@ class KokoroSynthesizer:
             c["frames_decoded_total"] += decoded
             c["audio_s_total"] += audio_s
             c["windows_parallel"] += 1 if parallel else 0
+            c["frame_stage_prefetches"] += prefetches
             if first_ms is not None:
                 c["last_first_chunk_ms"] = first_ms
 
