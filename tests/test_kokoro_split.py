@@ -294,6 +294,8 @@ def test_a_gangs_next_frame_stage_runs_beside_its_windows(
     sentence is the one heard without it."""
     backend = spy(kokoro_synth)
     monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
+    # the run's cost as if measured (the window plan then depends on no clock)
+    monkeypatch.setattr(kokoro_synth, "_prefetch_frames", lambda pace, frames: 3)
     narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
     monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", narrow)
     runs: list[tuple[int, int, int]] = []  # frame-stage runs: (cores, start, end)
@@ -332,7 +334,9 @@ def test_a_gangs_next_frame_stage_runs_beside_its_windows(
     assert any(cores == 2 and lo > 0 for cores, lo, _ in runs), runs  # the gangs' own
     assert abs(len(ahead) - len(before_run)) <= 2 * FRAME_SAMPLES
     n = min(len(ahead), len(before_run))
-    assert spectral_distance(before_run[:n], ahead[:n]) < 1.0
+    # the same window plan (the decoder's noise differs per run): a misplaced span is
+    # another sentence
+    assert spectral_distance(before_run[:n], ahead[:n]) < 2.0
 
 
 def test_a_gangs_last_window_is_shorter_by_the_frame_stage_it_runs_after(
