@@ -284,6 +284,14 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     assert spectral_distance(serial[:n], gang[:n]) < 2.0
 
 
+def gangs_of_two(synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two windows at once while the utterance is alone, each on one core (as on a box
+    where one window on both cores measures slower)."""
+    monkeypatch.setattr(synth.config, "parallel_windows", 2)
+    narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
+    monkeypatch.setattr(synth, "_narrow_if_wide_is_slower", narrow)
+
+
 def test_a_gangs_next_frame_stage_runs_beside_its_windows(
     kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -293,11 +301,9 @@ def test_a_gangs_next_frame_stage_runs_beside_its_windows(
     one core, and the windows of each later gang lie inside the span it ran. The
     sentence is the one heard without it."""
     backend = spy(kokoro_synth)
-    monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
+    gangs_of_two(kokoro_synth, monkeypatch)
     # the run's cost as if measured (the window plan then depends on no clock)
     monkeypatch.setattr(kokoro_synth, "_prefetch_frames", lambda pace, frames: 3)
-    narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
-    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", narrow)
     runs: list[tuple[int, int, int]] = []  # frame-stage runs: (cores, start, end)
     decodes: list[tuple[int, int]] = []  # windows decoded: (start, end) with context
     frame, decode = backend._frame, backend.decode
@@ -346,9 +352,7 @@ def test_a_gangs_last_window_is_shorter_by_the_frame_stage_it_runs_after(
     frames than its others, by what that run costs (``_prefetch_frames``): the thread
     done first runs it, and the gang's cores end together; else its windows are asked
     for the same."""
-    monkeypatch.setattr(kokoro_synth.config, "parallel_windows", 2)
-    narrow = lambda: set_unit_grant(replace(unit_grant(), cores=1))  # noqa: E731
-    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", narrow)
+    gangs_of_two(kokoro_synth, monkeypatch)
     monkeypatch.setattr(kokoro_synth, "_prefetch_frames", lambda pace, frames: 5)
     asked: list[list[int | None]] = []  # per later gang: the frames asked of each window
     asking: list[int | None] | None = None

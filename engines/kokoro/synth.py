@@ -482,15 +482,6 @@ class _Prefetch:
         self.ran_s = self.ended - t0
 
 
-def _next_frames(n_frames: int, end: int, span: int, context: int) -> tuple[int, int] | None:
-    """The frames (with context) the gang after one of ``span`` frames ending at ``end``
-    may decode: up to twice as many (its windows grow with the audio queued); None: the
-    sentence ends there."""
-    if end >= n_frames:
-        return None
-    return max(0, end - context), min(n_frames, end + context + 2 * max(1, span))
-
-
 def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     """Whether a window's decoded ``audio`` is still speech in the last
     ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
@@ -1211,12 +1202,11 @@ class KokoroSynthesizer:
         # gang costs, where one is needed: the thread done first runs it (``_Prefetch``),
         # so that the gang's cores end together
         last = per
-        backend = self._backend
-        if pace.gang > 1 and prosody is not None and isinstance(backend, PreparedBackend):
+        if pace.gang > 1 and prosody is not None:
             span = per * pace.gang
-            after = _next_frames(planner.n, planner.pos + span, span, context)
-            if after is not None and not backend.covered(prosody, *after):
-                frames = after[1] - after[0] + FRAME_AHEAD
+            due = self._frames_due(prosody, planner.pos + span, span, context)
+            if due is not None:
+                frames = due[1] - due[0] + FRAME_AHEAD
                 last = max(1, per - self._prefetch_frames(pace, frames))
         gang: list[Window] = []
         while len(gang) < pace.gang:
@@ -1324,7 +1314,7 @@ class KokoroSynthesizer:
     def _frame_stage_prefetch(
         self, gang: list[Window], prosody: Prosody, style: FloatArray, cancel: CancelToken
     ) -> _Prefetch | None:
-        """The frame stage's run for the windows after a ``gang`` (``_next_frames``, and
+        """The frame stage's run for the windows after a ``gang`` (``_frames_due``, and
         ``FRAME_AHEAD`` after them), to run while the gang's last window still decodes
         (``_Prefetch``). None: one window, nothing after it, or they need no run."""
         backend = self._backend
@@ -1332,10 +1322,10 @@ class KokoroSynthesizer:
         if len(gang) < 2 or last.last or not isinstance(backend, PreparedBackend):
             return None
         context = max(0, last.ctx_end - last.end)
-        span = _next_frames(prosody.n_frames, last.end, last.end - gang[0].start, context)
-        if span is None or backend.covered(prosody, *span):
+        due = self._frames_due(prosody, last.end, last.end - gang[0].start, context)
+        if due is None:
             return None
-        start, end = span
+        start, end = due
 
         def run() -> None:  # on one core: the gang's other threads still decode
             grant = unit_grant()
@@ -1346,6 +1336,19 @@ class KokoroSynthesizer:
                 set_unit_grant(grant)
 
         return _Prefetch(run, end - start + FRAME_AHEAD)
+
+    def _frames_due(
+        self, prosody: Prosody, end: int, span: int, context: int
+    ) -> tuple[int, int] | None:
+        """The frames (with context) that the gang after one of ``span`` frames ending at
+        ``end`` may decode, up to twice as many (its windows grow with the audio queued),
+        where they still need a run of the frame stage; None: the sentence ends there,
+        they need none, or the backend runs it in each decode."""
+        backend = self._backend
+        if end >= prosody.n_frames or not isinstance(backend, PreparedBackend):
+            return None
+        start, stop = max(0, end - context), min(prosody.n_frames, end + context + 2 * max(1, span))
+        return None if backend.covered(prosody, start, stop) else (start, stop)
 
     def _prefetch_frames(self, pace: Pace, frames: int) -> int:
         """Decoded frames at ``pace`` that a ``_Prefetch`` of ``frames`` costs: as
