@@ -45,6 +45,10 @@ benchmark and the dock and engine it starts, as in a container with a CPU limit)
 The engine's RSS is sampled all along and printed by minute with its growth after
 minute 5: a soak is one long N, e.g. ``--calls 4 --seconds 1800``.
 
+Before timing, it waits (``--norms-timeout``) until the engine has measured every
+voice's statistics, which a new models directory does once in the background
+(``voice_stats.py``), and says how long it waited.
+
 Quote numbers from a run under ``flock -x /tmp/ttsdock-cpu.lock`` with the load
 average it prints.
 """
@@ -89,6 +93,7 @@ from slowdown import (  # noqa: E402
     reexec_avx2,
     slowed,
 )
+from voice_stats import add_norms_argument, wait_for_voice_statistics  # noqa: E402
 
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.runtime.playback import PlaybackMeter  # noqa: E402
@@ -524,7 +529,12 @@ async def _measure(
         await asyncio.wait_for(oap.data_connected.wait(), 10)
         print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
         engine = Engine(ports["engine_cmd"])
-        await engine.poll()
+
+        async def engine_stats() -> dict[str, float]:
+            await engine.poll()
+            return engine.stats
+
+        print(await wait_for_voice_statistics(engine_stats, args.norms_timeout), flush=True)
         plan_rate = engine.stats.get("capacity_audio_s_per_s", float("nan"))
         plan = engine.plan
         print(f"engine plan {plan}: {plan_rate:.2f} audio s per wall s on all cores", flush=True)
@@ -758,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rss-every", type=float, default=10.0, help="sample the engine's RSS every S s"
     )
     p.add_argument("--log-dir", default="out/kokoro_capacity", help="dock.log, kokoro.log")
+    add_norms_argument(p)
     args = p.parse_args(argv)
     if args.avx2:
         reexec_avx2()

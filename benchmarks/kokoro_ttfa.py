@@ -24,6 +24,10 @@ total compute / raw compute on identical tokens (through the dock: wall to the
 last packet / raw compute), the load average, and peak RSS (through the dock:
 the engine process's VmHWM).
 
+Before timing, it waits (``--norms-timeout``) until the engine has measured every
+voice's statistics, which a new models directory does once in the background
+(``voice_stats.py``), and says how long it waited.
+
 Also printed: sentences in which a zero-buffer player (starting at the first packet)
 hears a gap over 50 ms, and the engine's compute per audio second (its prosody and
 decode time from STATS) over the raw whole-graph run's, both per second of audio
@@ -74,6 +78,7 @@ from slowdown import (  # noqa: E402
     reexec_avx2,
     slowed,
 )
+from voice_stats import add_norms_argument, wait_for_voice_statistics  # noqa: E402
 
 from engines.kokoro.audio import trim_lead, trim_tail  # noqa: E402
 from engines.kokoro.cli import parallel_windows_arg  # noqa: E402
@@ -239,6 +244,11 @@ def _direct_measure(
         )
     )
     synth.load()
+    t_norms = time.perf_counter()
+    if not synth.wait_for_voice_norms(args.norms_timeout):
+        print("voice statistics: still measured in the background (timings share the CPU)")
+    else:
+        print(f"voice statistics: ready after {time.perf_counter() - t_norms:.0f} s")
     synth.warm_up()
     for _, text in SENTENCES:  # one pass of ours alone, so its peak RSS is its own
         for _ in synth.synthesize(text, CallState(call_id=1), CancelToken()):
@@ -336,13 +346,15 @@ async def _dock_measure(
     await wait_for(docked, args.timeout, "the Kokoro engine to dock")
     await asyncio.wait_for(oap.data_connected.wait(), 10)
     print(f"engine docked after {time.monotonic() - t_start:.1f} s (load + warm-up)")
+
+    async def engine_stats() -> dict[str, float]:
+        return parse_stats(await ctl(ports["engine_cmd"], "STATS"))
+
+    print(await wait_for_voice_statistics(engine_stats, args.norms_timeout), flush=True)
     engine_pid = procs[1].pid
     threads = args.threads or available_cpus()  # inside the --slow quota, if any
     print(f"baselines (kokoro-onnx, raw onnxruntime): {threads} intra-op threads")
     base = await asyncio.to_thread(Baselines, model, threads, args.baseline_spinning)
-
-    async def engine_stats() -> dict[str, float]:
-        return parse_stats(await ctl(ports["engine_cmd"], "STATS"))
 
     _, mgmt_w = await asyncio.open_connection("127.0.0.1", ports["llama_mgmt"])
     _, data_w = await asyncio.open_connection("127.0.0.1", ports["llama_data"])
@@ -527,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         "--direct", dest="direct", action="store_true", help="call the synthesizer in-process"
     )
     p.add_argument("--timeout", type=float, default=180.0, help="dock mode: per-step limit (s)")
+    add_norms_argument(p)
     p.add_argument("--log-dir", default="out/kokoro_ttfa", help="dock mode: dock.log, kokoro.log")
     p.set_defaults(direct=False)
     args = p.parse_args(argv)

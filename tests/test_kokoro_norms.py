@@ -361,8 +361,10 @@ def test_the_background_measurement_waits_while_calls_are_in_progress(tmp_path: 
     words = lambda text: list(range(len(text.split())))  # noqa: E731
     norms = VoiceNorms(backend, words, tmp_path, "m", busy=lambda: calls[0] > 0)
     voices = {"a": np.ones((510, 1, 8), np.float32)}
+    assert norms.pending() == 0, "nothing to do before it starts"
     norms.measure_in_background(voices)
     assert backend.started.wait(10)
+    assert norms.pending() == 1, "the voice being measured is still to do"
     calls[0] = 1  # an utterance starts: the sentence being measured stops
     norms.yield_to_calls()
     deadline = time.monotonic() + 10
@@ -375,7 +377,24 @@ def test_the_background_measurement_waits_while_calls_are_in_progress(tmp_path: 
     norms._thread.join(30)
     assert norms.ready("a") is not None and norms.yielded == 1
     assert backend.measured == len(CALIBRATION_TEXTS)
+    assert norms.pending() == 0
     norms.close()
+
+
+def test_pending_counts_the_voices_left_to_the_background_and_a_close_ends_them(
+    tmp_path: Path,
+) -> None:
+    backend = StoppableNormBackend()  # its first sentence runs until it is stopped
+    norms = voice_norms(backend, tmp_path)
+    voices = {v: np.full((510, 1, 8), k, np.float32) for k, v in enumerate("abc")}
+    backend.started.set()  # (so that this one runs through)
+    norms.get("a", voices["a"])  # the default voice, measured before the engine docks
+    backend.started.clear()
+    norms.measure_in_background(voices)
+    assert backend.started.wait(10)
+    assert norms.pending() == 2, "b (being measured) and c"
+    norms.close()  # the engine stops: nothing is left to wait for
+    assert norms.pending() == 0
 
 
 @pytest.fixture(scope="module")

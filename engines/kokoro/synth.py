@@ -818,6 +818,8 @@ class KokoroSynthesizer:
         out["voice_norms_ready"] = float(self._norms.count() if self._norms is not None else 0)
         # background measurements stopped for a call, measured again when idle
         out["voice_norms_yielded"] = float(self._norms.yielded if self._norms is not None else 0)
+        # voices the background measurement has still to do (benchmarks wait for 0)
+        out["voice_norms_pending"] = float(self._norms.pending() if self._norms is not None else 0)
         if self._frontend is not None:
             out.update(self._frontend.stats())
         return out

@@ -109,6 +109,15 @@ class VoiceNorms:
         """Voices whose statistics are known."""
         return sum(1 for v in list(self._known.values()) if v is not None)
 
+    def pending(self) -> int:
+        """Voices the background measurement has still to read or measure (Rule 3; 0 once
+        it is done, closed or never started): while it runs it shares the CPU whenever no
+        utterance is in progress, so a benchmark that times anything else then (a
+        baseline beside the engine, a probe in the same process) waits for 0 first."""
+        if self._closed.cancelled or self._thread is None:
+            return 0
+        return sum(1 for name, _ in list(self._pending) if name not in self._known)
+
     def ready(self, name: str) -> NormStats | None:
         """``name``'s statistics if they are known now; never waits (Rule 3)."""
         return self._known.get(name) if self.enabled else None
