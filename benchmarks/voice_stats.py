@@ -4,7 +4,7 @@ A new models directory has its voices' instance-norm statistics measured once
 (``engines/kokoro/voice_norms.py``): the default voice before the engine docks, the
 others in a background thread whenever no utterance is in progress. Calls come first,
 but anything else timed meanwhile shares the CPU with it: a benchmark's baselines run
-beside an idle engine (kokoro-onnx's whole sentence ran 1.3-1.6x slower on a 2-vCPU
+beside an idle engine (kokoro-onnx's whole sentence ran 1.5-1.9x slower on a 2-vCPU
 AVX2 box while it measured, which flattered the first-audio ratio), and a probe that
 calls the backend directly in the same process never makes it yield. So the
 benchmarks wait for it first, and say how long they waited.
