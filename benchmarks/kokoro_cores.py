@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from voice_stats import wait_in_process  # noqa: E402
+
 from engines.kokoro.models import default_models_dir  # noqa: E402
 from engines.kokoro.phrasing import sentence_units  # noqa: E402
 from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer  # noqa: E402
@@ -53,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     synth = KokoroSynthesizer(KokoroConfig(models_dir=args.models_dir or default_models_dir()))
     synth.load()
     # the voices' statistics of a new models directory are measured in a background
-    # thread, which these direct decodes never make yield (benchmarks/voice_stats.py)
-    if not synth.wait_for_voice_norms(900.0):
-        print("voice statistics still measured in the background: timings share the CPU")
+    # thread, which these direct decodes never make yield
+    print(wait_in_process(synth.wait_for_voice_norms, 900.0), flush=True)
     backend = synth._backend
     assert backend is not None and hasattr(backend, "prosody")
     print(f"plan {synth.plan().name}, {cores} cores, load average {os.getloadavg()[0]:.2f}")

@@ -78,7 +78,11 @@ from slowdown import (  # noqa: E402
     reexec_avx2,
     slowed,
 )
-from voice_stats import add_norms_argument, wait_for_voice_statistics  # noqa: E402
+from voice_stats import (  # noqa: E402
+    add_norms_argument,
+    wait_for_voice_statistics,
+    wait_in_process,
+)
 
 from engines.kokoro.audio import trim_lead, trim_tail  # noqa: E402
 from engines.kokoro.cli import parallel_windows_arg  # noqa: E402
@@ -244,11 +248,7 @@ def _direct_measure(
         )
     )
     synth.load()
-    t_norms = time.perf_counter()
-    if not synth.wait_for_voice_norms(args.norms_timeout):
-        print("voice statistics: still measured in the background (timings share the CPU)")
-    else:
-        print(f"voice statistics: ready after {time.perf_counter() - t_norms:.0f} s")
+    print(wait_in_process(synth.wait_for_voice_norms, args.norms_timeout), flush=True)
     synth.warm_up()
     for _, text in SENTENCES:  # one pass of ours alone, so its peak RSS is its own
         for _ in synth.synthesize(text, CallState(call_id=1), CancelToken()):

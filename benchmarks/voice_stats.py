@@ -46,6 +46,18 @@ async def wait_for_voice_statistics(
     )
 
 
+def wait_in_process(wait: Callable[[float], bool], limit_s: float) -> str:
+    """The same for an engine in this process: ``wait`` is its
+    ``KokoroSynthesizer.wait_for_voice_norms`` (False: still measuring after ``limit_s``)."""
+    t0 = time.monotonic()
+    if not wait(limit_s):
+        return (
+            f"voice statistics: still measured in the background after {limit_s:.0f} s "
+            "(timings below share the CPU with it)"
+        )
+    return f"voice statistics: ready after {time.monotonic() - t0:.0f} s"
+
+
 def add_norms_argument(p: argparse.ArgumentParser) -> None:
     """``--norms-timeout S``: how long a benchmark waits for that measurement."""
     p.add_argument(

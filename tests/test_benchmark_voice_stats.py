@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import voice_stats
-from voice_stats import PENDING, wait_for_voice_statistics
+from voice_stats import PENDING, wait_for_voice_statistics, wait_in_process
 
 
 def _engine(pending: list[float]) -> tuple[list[int], Callable[[], Awaitable[dict[str, float]]]]:
@@ -52,3 +52,15 @@ def test_past_the_limit_it_says_the_timings_share_the_cpu(monkeypatch: pytest.Mo
     _, stats = _engine([4.0])  # never done
     line = asyncio.run(wait_for_voice_statistics(stats, 0.05))
     assert "4 of 4 voices still measured" in line and "share the CPU" in line
+
+
+def test_an_engine_in_this_process_is_waited_for_with_its_own_wait() -> None:
+    limits: list[float] = []
+
+    def done(limit_s: float) -> bool:
+        limits.append(limit_s)
+        return True
+
+    assert wait_in_process(done, 30.0).startswith("voice statistics: ready after")
+    assert limits == [30.0]
+    assert "still measured" in wait_in_process(lambda limit_s: False, 30.0)
