@@ -23,6 +23,11 @@ from engines.kokoro.windows import (
 from engines.runtime.playback import PlaybackMeter, play_as_produced
 from engines.runtime.synth import SAMPLE_RATE, CallState, CancelToken, FloatArray
 
+#: How long a test waits for the voices' statistics (measured once per models directory in
+#: the background): a bound against a hang, not a speed target. A slow machine (a 1-CPU
+#: quota beside other work) took 30-50 s a voice, five voices: over the engine's default
+NORMS_WAIT_S = 1800.0
+
 EN_SENTENCE = "Hello, how can I help you today?"
 DE_SENTENCE = "Guten Tag, wie kann ich Ihnen heute helfen?"
 
@@ -92,7 +97,7 @@ def loaded_synth(models_dir: Path) -> Iterator[KokoroSynthesizer]:
         backend=SpyBackend(model, threads=2),
     )
     synth.load()
-    assert synth.wait_for_voice_norms(), "the voices' statistics are measured"
+    assert synth.wait_for_voice_norms(NORMS_WAIT_S), "the voices' statistics are measured"
     spy(synth).clear()  # the measurement's own prosody passes
     yield synth
     synth.close()

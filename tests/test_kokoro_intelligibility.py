@@ -222,7 +222,8 @@ def test_whole_utterance_mode_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> N
 def test_streamed_speech_is_heard_as_well_as_kokoro_onnx(heard: Heard) -> None:
     # measured 13 against kokoro-onnx's 10 (of 105 words x 4 framings), natively and with
     # AVX-512 hidden from onnxruntime (benchmarks/cpuid_avx2.c), where kokoro-onnx lost
-    # other words: the audio is the same bit for bit from run to run on one machine.
+    # other words: the audio is the same bit for bit from run to run on one machine. On an
+    # AVX2-only AMD EPYC, with the start planner's smaller ramp (pacing Rule 7): 12 and 12.
     # 'spell' heard as 'spare' is the generator's statistics (each sentence's own: 'spell';
     # pooled over frames, per sentence or at the sentence's style row: 'spare'); 'due'
     # heard as 'to' at some framings, as kokoro-onnx is heard

@@ -48,7 +48,7 @@ from engines.runtime.synth import CancelToken
 
 synth = KokoroSynthesizer(KokoroConfig(models_dir=Path(sys.argv[1]), prompt_cache_mb=0))
 synth.load()
-assert synth.wait_for_voice_norms()  # no measurement beside the one measured here
+assert synth.wait_for_voice_norms(1800)  # no measurement beside the one measured here
 backend = synth._backend
 assert isinstance(backend, OnnxBackend) and synth.split
 text = ("Your package will arrive on Thursday between nine and noon, and the driver "

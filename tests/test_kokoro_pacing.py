@@ -14,6 +14,8 @@ from engines.kokoro.pacing import (
     HORIZON_LOAD,
     JITTER_S,
     MAX_SAFETY,
+    RAMP_FLOOR,
+    RAMP_STEP,
     SAFETY,
     Pace,
     Surprise,
@@ -22,6 +24,8 @@ from engines.kokoro.pacing import (
     horizon_keeps_up,
     next_window_frames,
     plan_first_end,
+    plan_ramp,
+    ramp_choices,
     simulate,
 )
 
@@ -306,6 +310,101 @@ def test_a_ramp_lets_a_shorter_first_window_play_through() -> None:
     safe = {**kw, "pace": Pace(pace.frame_s * SAFETY)}  # the planner's margin
     sim = simulate(200, ramped, ramp=12, **safe)  # type: ignore[arg-type]
     assert sim.gaps == 0 and sim.windows == fc_ramped.windows
+
+
+def test_the_ramps_tried_go_down_from_the_shapes_to_the_floor() -> None:
+    assert ramp_choices(12) == (12, 10, 8)
+    assert ramp_choices(RAMP_FLOOR + 2 * RAMP_STEP + 1)[-1] >= RAMP_FLOOR
+    assert ramp_choices(RAMP_FLOOR) == (RAMP_FLOOR,)  # nothing smaller to try
+    assert ramp_choices(None) == (None,)  # windows with their own statistics: min_frames
+
+
+#: a sentence of 224 frames starting as the engine's do: the leading pad's first 10
+#: frames not decoded, 11 not heard; two windows at once, the first part 4 frames short
+GANG_START = {
+    "context": 2,
+    "min_frames": 24,
+    "max_frames": MAX,
+    "lead_skip": 11,
+    "decode_from": 10,
+    "skew": 4,
+}
+GANG_CANDIDATES = list(range(14, 224))
+
+
+def test_an_utterance_near_real_time_ramps_with_smaller_windows_and_starts_sooner() -> None:
+    """Each of two windows at once at 1.0 compute s per audio s: with later windows of
+    at least 12 frames the first must cover one's decode, with 8 it holds less."""
+    gang = Pace.from_rtf(1.0, gang=2)
+    kw = {**GANG_START, "pace": gang, "later": gang}
+    end, ramp, fc = plan_ramp(224, GANG_CANDIDATES, ramp_choices(12), **kw)
+    default_end, default = plan_first_end(224, GANG_CANDIDATES, ramp=12, **kw)  # type: ignore[arg-type]
+    assert ramp is not None and ramp < 12
+    assert end < default_end
+    assert fc.start_s < default.start_s
+    assert fc.gaps == default.gaps == 0
+    assert fc.decoded_frames > default.decoded_frames  # the price: more context decoded
+    # the planner's windows and the simulation agree on the chosen ramp, at its margin
+    safe = Pace(gang.frame_s * SAFETY, gang=2)
+    sim = simulate(224, end, ramp=12, start_ramp=ramp, **{**kw, "pace": safe, "later": safe})  # type: ignore[arg-type]
+    assert sim.gaps == 0 and sim.windows == fc.windows
+
+
+def test_the_start_ramp_lasts_its_steps_and_then_the_shapes_holds() -> None:
+    """On a CPU where the queue stays short, windows kept at the smaller ramp all along
+    decode more frames than those that return to the shape's after the start's steps."""
+    gang = Pace.from_rtf(1.3, gang=2)
+    kw = {**GANG_START, "pace": gang, "later": gang}
+    start_only = simulate(345, 40, ramp=12, start_ramp=8, **kw)  # type: ignore[arg-type]
+    all_along = simulate(345, 40, ramp=8, **kw)  # type: ignore[arg-type]
+    shapes = simulate(345, 40, ramp=12, **kw)  # type: ignore[arg-type]
+    assert all_along.decoded_frames > start_only.decoded_frames > shapes.decoded_frames
+    assert all_along.windows > start_only.windows > shapes.windows
+    # the start's steps alone differ: a sentence that ends within them is the same
+    assert simulate(60, 30, ramp=8, **kw) == simulate(60, 30, ramp=12, start_ramp=8, **kw)  # type: ignore[arg-type]
+
+
+def test_a_fast_cpu_keeps_the_shapes_ramp_and_plans_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engines.kokoro.pacing as pacing
+
+    plans: list[int | None] = []
+    real = pacing.plan_first_end
+
+    def counted(*args: object, **kw: object) -> tuple[int, pacing.Forecast]:
+        plans.append(kw["ramp"])  # type: ignore[arg-type]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pacing, "plan_first_end", counted)
+    gang = Pace.from_rtf(0.2, gang=2)
+    cands = GANG_CANDIDATES[6:]  # the first window 10 frames at least
+    end, ramp, _ = plan_ramp(224, cands, ramp_choices(12), **GANG_START, pace=gang)
+    assert (end, ramp) == (cands[0], 12)
+    assert plans == [12]  # the earliest candidate already: no smaller ramp tried
+    with pytest.raises(ValueError):
+        plan_ramp(224, GANG_CANDIDATES, (), **GANG_START, pace=gang)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(30, 400),
+    rtf=st.floats(0.05, 2.5),
+    gang=st.integers(1, 3),
+    ahead=st.one_of(st.none(), st.floats(0.0, 3.0)),
+)
+def test_a_smaller_ramp_is_taken_only_where_it_starts_sooner_with_no_more_gaps(
+    n: int, rtf: float, gang: int, ahead: float | None
+) -> None:
+    pace = Pace.from_rtf(rtf, gang=gang)
+    cands = list(range(14, n))
+    kw = {**GANG_START, "pace": pace, "ahead_s": ahead}
+    end, ramp, fc = plan_ramp(n, cands, ramp_choices(12), **kw)
+    default_end, default = plan_first_end(n, cands, ramp=12, **kw)  # type: ignore[arg-type]
+    if ramp == 12:
+        assert (end, fc) == (default_end, default)
+    else:
+        assert ramp in ramp_choices(12)
+        assert fc.gaps <= default.gaps
+        assert fc.start_s < default.start_s
 
 
 def test_a_gang_shares_the_rest_of_a_sentence_evenly_between_its_windows() -> None:

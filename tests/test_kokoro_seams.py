@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kokoro_helpers import shared_models_dir
+from kokoro_helpers import NORMS_WAIT_S, shared_models_dir
 
 from engines.kokoro import windows
 from engines.kokoro.backend import OnnxBackend, Prosody
@@ -109,7 +109,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KokoroSynthesiz
     )
     synth.load()
     assert synth.split
-    assert synth.wait_for_voice_norms(), "no measurement runs beside the test's decodes"
+    assert synth.wait_for_voice_norms(NORMS_WAIT_S), "no measurement runs beside the test's decodes"
     yield synth
     synth.close()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engines.kokoro.models import DEFAULT_VOICE
+from engines.kokoro.pacing import RAMP_FLOOR
 from engines.kokoro.synth import GANG_MIN_GAIN, PROMPT_CACHE_MB, KokoroConfig, KokoroSynthesizer
 from engines.kokoro.windows import (
     CONTEXT_FRAMES,
@@ -210,7 +211,8 @@ def add_kokoro_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"smallest later window in frames (default: {FIXED_MIN_FRAMES} with the "
         f"voice's statistics, where the windows right after the first may be "
-        f"{FIXED_RAMP_FRAMES} while little audio is queued; {MIN_FRAMES} without)",
+        f"{FIXED_RAMP_FRAMES} while little audio is queued, or down to {RAMP_FLOOR} for "
+        f"an utterance alone where that starts it sooner; {MIN_FRAMES} without)",
     )
     g.add_argument(
         "--max-window",

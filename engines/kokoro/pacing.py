@@ -40,6 +40,16 @@ calls on two cores at a speed where three need 2.0 cores planned starts at 1.6-1
 (first audio 1.2-1.3 s) while the two others were half done, or 1.9-2.4 s ahead of
 their listeners.
 
+Rule 7: an utterance alone may start with smaller windows (``plan_ramp``): the windows
+right after the first keep at least the shape's ``ramp`` frames, and on a CPU near
+real time the first window must then hold the audio that covers a ramp window's decode
+(two windows at once, each at one core's crowded speed, 4 frames of context each). With
+a smaller ramp (down to ``RAMP_FLOOR``) for the first ``START_RAMP_STEPS`` steps after
+it, it holds less, and the first audio leaves sooner, for a few more context frames
+decoded: the start planner takes the ramp whose plan plays through with the earliest
+first audio, and only for an utterance with no other in progress (whose cores would
+pay for that context). After those steps the shape's ramp holds again.
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -56,6 +66,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engines.kokoro.windows import FRAMES_PER_S
 
@@ -88,6 +99,18 @@ BUSY_WINDOW_S = 0.4
 FRAME_STAGE_SHARE = 0.06
 FRAME_STAGE_FIXED = 2.0
 
+
+#: Rule 7: the smallest ramp the start planner may choose, and its step down from the
+#: shape's (at 1.0 compute s per audio s on each of two cores, a ramp of 8 frames
+#: against 12 moved the first part's decode from 15 to 13 frames and decoded 10 % more
+#: frames over a 5.6 s sentence; below 8 the context is a third of each window)
+RAMP_FLOOR = 8
+RAMP_STEP = 2
+#: ... for this many steps after the first window (a gang, or a window decoded alone),
+#: then the shape's: windows of 8-10 frames decode 40-50 % more than they keep, and an
+#: utterance that kept to them on a CPU slowing down under it never caught up (6
+#: underruns, 390 ms, in a 5.6 s sentence at 1.3 compute s per audio s on each core)
+START_RAMP_STEPS = 2
 
 #: Rule 6: the share rule is waived while the speech left of the utterances in progress
 #: needs at most this share of the cores until this one's has played (a unit runs to
@@ -260,6 +283,7 @@ def simulate(
     ramp: int | None = None,
     later: Pace | None = None,
     skew: int = 0,
+    start_ramp: int | None = None,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -270,7 +294,9 @@ def simulate(
     ahead of the listener when the first window starts decoding (None: the listener
     waits for this sentence, so its start is not a gap); ``pace``: the first window's
     speed, ``later`` the others' (default: the same; with a ``gang``, Rule 3, its
-    first window shared by ``first_gang_frames`` with ``skew``).
+    first window shared by ``first_gang_frames`` with ``skew``); ``start_ramp``: the
+    smallest window of the first ``START_RAMP_STEPS`` steps after the first window
+    instead of ``ramp`` (Rule 7; None: ``ramp``).
     """
     step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
@@ -310,6 +336,10 @@ def simulate(
     play_end += (max(0, first_end - lead_skip) - heard) / FRAMES_PER_S
     pos, windows = first_end, 1
     smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
+    after = smallest  # from the second step on
+    if start_ramp is not None:
+        smallest = max(1, min(start_ramp, min_frames))
+    steps = 0
     while pos < n_frames:
         per = next_window_frames(play_end - t, step, context, n_frames - pos, min_frames)
         slowest = 0  # the gang's windows are ready when its largest one is
@@ -329,6 +359,9 @@ def simulate(
             kept += want
             pos = end
             windows += 1
+        steps += 1
+        if steps >= START_RAMP_STEPS:
+            smallest = after
         t += step.decode_s(slowest)
         if t > play_end:
             gaps += 1
@@ -361,6 +394,7 @@ def plan_first_end(
     later: Pace | None = None,
     safety: float = SAFETY,
     skew: int = 0,
+    start_ramp: int | None = None,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
@@ -369,8 +403,9 @@ def plan_first_end(
     exceed that). When audio is already queued and no plan is gap-free, the earliest
     plan whose only gap is before the sentence's first audio (it starts late, then
     plays through) comes before a longer first window. The gaps predicted for the
-    choice come with it. ``later``: the speed of the windows after the first, and
-    ``skew`` the share of a gang's first window (``simulate``)."""
+    choice come with it. ``later``: the speed of the windows after the first,
+    ``skew`` the share of a gang's first window and ``start_ramp`` the smallest window
+    of the steps right after it (``simulate``)."""
     safe = Pace(pace.frame_s * safety, pace.shared, pace.gang)
     safe_later = None if later is None else Pace(later.frame_s * safety, later.shared, later.gang)
 
@@ -388,6 +423,7 @@ def plan_first_end(
             ramp=ramp,
             later=safe_later,
             skew=skew,
+            start_ramp=start_ramp,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)
@@ -403,3 +439,37 @@ def plan_first_end(
     if late_start is not None:
         return late_start
     return limit, run(limit)
+
+
+def ramp_choices(ramp: int | None) -> tuple[int | None, ...]:
+    """The ramps the start planner tries for an utterance alone (Rule 7), the shape's
+    first: it, then smaller by ``RAMP_STEP`` down to ``RAMP_FLOOR``; only the shape's
+    where it has none (windows with their own statistics, whose context is large) or
+    it is no larger than the floor."""
+    if ramp is None or ramp <= RAMP_FLOOR:
+        return (ramp,)
+    return (ramp, *range(ramp - RAMP_STEP, RAMP_FLOOR - 1, -RAMP_STEP))
+
+
+def plan_ramp(
+    n_frames: int,
+    candidates: Sequence[int],
+    ramps: Sequence[int | None],
+    **plan: Any,
+) -> tuple[int, int | None, Forecast]:
+    """Rule 7: ``plan_first_end`` (given the rest of its arguments in ``plan``) with each
+    of ``ramps`` (the shape's first), and the one whose first audio comes soonest:
+    ``(first window's end, ramp, forecast)``. A smaller ramp is taken only where its
+    plan starts sooner than every larger one's with no more gaps; none is tried where
+    the first plan already ends at the earliest candidate."""
+    if not ramps:
+        raise ValueError("no ramp to plan with")
+    end, forecast = plan_first_end(n_frames, candidates, ramp=ramps[0], **plan)
+    best = (end, ramps[0], forecast)
+    if not candidates or end <= candidates[0]:
+        return best
+    for ramp in ramps[1:]:
+        end, forecast = plan_first_end(n_frames, candidates, ramp=ramps[0], start_ramp=ramp, **plan)
+        if forecast.gaps <= best[2].gaps and forecast.start_s < best[2].start_s:
+            best = (end, ramp, forecast)
+    return best

@@ -125,6 +125,7 @@ from engines.kokoro.models import (
 from engines.kokoro.norms import NormStats
 from engines.kokoro.pacing import (
     SAFETY,
+    START_RAMP_STEPS,
     Pace,
     Surprise,
     busy_window_frames,
@@ -133,7 +134,8 @@ from engines.kokoro.pacing import (
     frame_stage_s,
     horizon_keeps_up,
     next_window_frames,
-    plan_first_end,
+    plan_ramp,
+    ramp_choices,
 )
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
 from engines.kokoro.plans import PlanChoice, ProbeInput, choose_plan, plan_names
@@ -1446,6 +1448,7 @@ class KokoroSynthesizer:
             skew = self._first_skew(planner, prosody, k, shape.context, speech)
             first_at = self._plan_start(planner, prosody, state, emitted, shape, k, speech, skew)
             gang = self._first_gang(planner, first_at, k, skew)
+            steps = 0  # gangs (or windows decoded alone) planned after the first
             while gang:
                 cancel.raise_if_cancelled()
                 grant = unit_grant()
@@ -1564,6 +1567,9 @@ class KokoroSynthesizer:
                     self._count(decode_ms=(time.perf_counter() - t_f) * 1000)
                 planned = None if cost is None or ahead is None else ahead - cost
                 gang = self._next_gang(planner, state, shape.context, planned, speech, prosody)
+                steps += 1
+                if steps >= START_RAMP_STEPS:  # the start's ramp ends (``pacing`` Rule 7)
+                    planner.set_ramp(shape.ramp)
 
     def _recalled(self, state: CallState, w: Window, lost_s: float) -> FloatArray:
         """Count and log a unit recalled before window ``w`` was decoded (its ``lost_s``
@@ -1615,9 +1621,11 @@ class KokoroSynthesizer:
     ) -> int | None:
         """Where the sentence's first window (or first ``gang``, its first part short of
         an even share by ``skew`` frames) ends (``pacing.plan_first_end``): the default
-        short window when the measured speed keeps up, later on a slow CPU; the
-        predicted gaps go to the playback clock (the runtime logs them beside the real
-        ones)."""
+        short window when the measured speed keeps up, later on a slow CPU; for an
+        utterance alone, with the ``planner``'s ramp set to the smallest that starts it
+        sooner (``pacing.plan_ramp``, Rule 7: ``_unit_windows`` sets the shape's again
+        after ``START_RAMP_STEPS`` steps). The predicted gaps go to the playback
+        clock (the runtime logs them beside the real ones)."""
         cfg = self.config
         grant = unit_grant()
         pace = self._pace(grant, gang, speech)
@@ -1632,9 +1640,12 @@ class KokoroSynthesizer:
         # the margin follows the machine, unless the speed is assumed (plans independent
         # of the machine)
         safety = SAFETY if cfg.assume_rtf is not None else self._speed.safety()
-        end, forecast = plan_first_end(
+        # an utterance alone may ramp with smaller windows (``pacing`` Rule 7)
+        ramps = ramp_choices(planner.ramp) if grant.others == 0 else (planner.ramp,)
+        end, ramp, forecast = plan_ramp(
             planner.n,
             planner.first_candidates(),
+            ramps,
             pace=pace,
             context=shape.context,
             min_frames=shape.min_frames,
@@ -1643,11 +1654,11 @@ class KokoroSynthesizer:
             ahead_s=ahead,
             longest=longest,
             decode_from=planner.pos,
-            ramp=planner.ramp,
             later=later,
             safety=safety,
             skew=skew,
         )
+        planner.set_ramp(ramp)
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
         with self._stats_lock:
@@ -1663,6 +1674,7 @@ class KokoroSynthesizer:
             shared=pace.shared,
             gang=later.gang,
             skew=skew,
+            ramp=planner.ramp,
             windows=forecast.windows,
             gaps=forecast.gaps,
             start_ms=round(forecast.start_s * 1000, 1),

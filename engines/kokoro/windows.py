@@ -249,7 +249,12 @@ class WindowPlanner:
         self.cut_anywhere = cut_anywhere
         #: a window after the first keeps at least this many frames (the last one: all
         #: the rest when less than ``min_frames`` would be left)
-        self.ramp = min_frames if ramp is None else max(1, min(ramp, min_frames))
+        self.set_ramp(ramp)
+
+    def set_ramp(self, ramp: int | None) -> None:
+        """The smallest window after the first from now on (the start planner's choice,
+        ``pacing`` Rule 7); None: ``min_frames``."""
+        self.ramp = self.min_frames if ramp is None else max(1, min(ramp, self.min_frames))
 
     @property
     def cut_tail(self) -> int:
