@@ -101,8 +101,8 @@ FRAME_STAGE_FIXED = 2.0
 
 
 #: Rule 7: the smallest ramp the start planner may choose, and its step down from the
-#: shape's (at 1.0 compute s per audio s on each of two cores, a ramp of 8 frames
-#: against 12 moved the first part's decode from 15 to 13 frames and decoded 10 % more
+#: shape's (at 1.0 compute s per audio s on each of two cores, a start ramp of 8 frames
+#: against 12 moved the first part's decode from 15 to 13 frames and decoded 3 % more
 #: frames over a 5.6 s sentence; below 8 the context is a third of each window)
 RAMP_FLOOR = 8
 RAMP_STEP = 2
