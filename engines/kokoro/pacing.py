@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.kokoro.windows import FRAMES_PER_S
+from engines.kokoro.windows import FRAMES_PER_S, ramp_frames
 
 #: Plan the next window to be ready when this share of the queued audio, less
 #: ``JITTER_S``, has played. Not much lower: on a CPU near real time a lower share
@@ -335,10 +335,8 @@ def simulate(
     t = t_all
     play_end += (max(0, first_end - lead_skip) - heard) / FRAMES_PER_S
     pos, windows = first_end, 1
-    smallest = min_frames if ramp is None else max(1, min(ramp, min_frames))
-    after = smallest  # from the second step on
-    if start_ramp is not None:
-        smallest = max(1, min(start_ramp, min_frames))
+    after = ramp_frames(ramp, min_frames)  # from the ``START_RAMP_STEPS``-th step on
+    smallest = after if start_ramp is None else ramp_frames(start_ramp, min_frames)
     steps = 0
     while pos < n_frames:
         per = next_window_frames(play_end - t, step, context, n_frames - pos, min_frames)

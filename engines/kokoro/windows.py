@@ -128,6 +128,12 @@ FIXED_STATS_SHAPE = WindowShape(
 )
 
 
+def ramp_frames(ramp: int | None, min_frames: int) -> int:
+    """The smallest window a ``ramp`` lets a planner keep (None: ``min_frames``; never
+    more than ``min_frames`` nor less than 1): ``WindowPlanner`` and ``pacing.simulate``."""
+    return min_frames if ramp is None else max(1, min(ramp, min_frames))
+
+
 @dataclass(frozen=True)
 class Window:
     """Frames ``[start, end)`` are kept; ``[ctx_start, ctx_end)`` are decoded."""
@@ -254,7 +260,7 @@ class WindowPlanner:
     def set_ramp(self, ramp: int | None) -> None:
         """The smallest window after the first from now on (the start planner's choice,
         ``pacing`` Rule 7); None: ``min_frames``."""
-        self.ramp = self.min_frames if ramp is None else max(1, min(ramp, self.min_frames))
+        self.ramp = ramp_frames(ramp, self.min_frames)
 
     @property
     def cut_tail(self) -> int:
