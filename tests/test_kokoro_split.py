@@ -188,10 +188,11 @@ def speak_on_cores(
     cores: int,
     call_id: int,
     on_chunk: Callable[[], object] = lambda: None,
+    hold: Callable[[int], None] | None = None,
 ) -> list[npt.NDArray[np.float32]]:
     """``speak_at`` (a virtual clock at the pinned speed) with every unit granted
     ``cores`` while the utterance is alone, as the runtime's pool does; ``on_chunk``
-    runs as each chunk arrives."""
+    runs as each chunk arrives; ``hold``: the pool's count of helper cores."""
     state = CallState(call_id=call_id)
     now = [0.0]
     meter = PlaybackMeter(lambda: now[0])
@@ -200,7 +201,7 @@ def speak_on_cores(
     out: list[npt.NDArray[np.float32]] = []
     try:
         while True:
-            set_unit_grant(UnitGrant(cores=cores, cpus=cores, others=0))
+            set_unit_grant(UnitGrant(cores=cores, cpus=cores, others=0, hold=hold))
             try:
                 chunk = next(gen)
             except StopIteration:
@@ -282,6 +283,39 @@ def test_windows_decoded_at_once_on_several_cores_join_in_order(
     # another window plan renders the same sentence (the decoder's noise differs per run):
     # about 1 dB; a gang joined out of order is not the same sentence
     assert spectral_distance(serial[:n], gang[:n]) < 2.0
+
+
+def test_a_gangs_helper_threads_hold_their_cores_with_the_pool(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each window of a gang decoded in a helper thread is counted with the runtime's pool
+    while it decodes (``UnitGrant.hold``, pool Rule 5: it may run on after its unit has
+    yielded the gang's first window), and every core held is given back."""
+    backend = spy(kokoro_synth)
+    gangs_of_two(kokoro_synth, monkeypatch)
+    lock = threading.Lock()
+    held = [0]
+    seen: list[tuple[bool, int]] = []  # (decoded in a helper thread, cores held meanwhile)
+    main = threading.get_ident()
+
+    def hold(cores: int) -> None:
+        with lock:
+            held[0] += cores
+
+    decode = backend.decode
+
+    def spied_decode(*args: Any) -> Any:
+        with lock:
+            seen.append((threading.get_ident() != main, held[0]))
+        return decode(*args)
+
+    monkeypatch.setattr(backend, "decode", spied_decode)
+    kokoro_synth._cache.clear()
+    speak_on_cores(kokoro_synth, SEAM_TEXT, 2, call_id=29, hold=hold)
+    helpers = [cores for helper, cores in seen if helper]
+    assert helpers, "the gangs decode windows in helper threads"
+    assert all(cores >= 1 for cores in helpers), seen
+    assert held[0] == 0, "every core held is given back"
 
 
 def gangs_of_two(synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch) -> None:

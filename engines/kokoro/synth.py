@@ -70,6 +70,7 @@ slightly different carried style, which we accept for the latency gain.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import os
@@ -81,7 +82,7 @@ from concurrent.futures import wait as wait_all
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import structlog
@@ -175,6 +176,7 @@ from engines.runtime.threads import lower_thread_priority
 from engines.text import LexiconReload, TextFrontEnd, TextOptions
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 #: The chunk that ends a unit the pool recalled (runtime pool Rule 4): no audio; its
 #: window is decoded in the next unit
@@ -1297,9 +1299,20 @@ class KokoroSynthesizer:
             finally:
                 set_unit_grant(grant)
         helpers = self._helper_pool()
-        futures = [helpers.submit(one, w) for w in gang[1:]]
+        hold = unit_grant().hold  # the pool counts the cores the helpers decode on
+
+        def held(run: Callable[[], _T]) -> _T:
+            if hold is not None:
+                hold(1)
+            try:
+                return run()
+            finally:
+                if hold is not None:
+                    hold(-1)
+
+        futures = [helpers.submit(held, functools.partial(one, w)) for w in gang[1:]]
         # a helper takes the prefetch after its window, if it is done first
-        after = [] if prefetch is None else [helpers.submit(prefetch)]
+        after = [] if prefetch is None else [helpers.submit(held, prefetch)]
         try:
             yield one(gang[0])
             if prefetch is not None and not all(f.done() for f in futures):

@@ -33,6 +33,20 @@ unit's work is lost (its compute), never its audio: it had none yet. ``recalled`
 counts the recalls asked for (an engine may ignore one; the unit then runs on, and
 no other is recalled meanwhile).
 
+Rule 5: a unit granted several cores holds them (a gang of windows, a wide session), and
+so do its helper threads (``UnitGrant.hold``: a gang's other windows still decode after
+the unit has yielded its first); a unit taken is granted only the cores nothing holds.
+While the running units and helpers hold every core, a free worker leaves a ready unit
+that is not an utterance's first until ``CORE_WAIT_MARGIN_S`` before its deadline, or
+until a unit ends or a helper gives its core back. Without it (two calls on two cores,
+``kokoro_capacity.py``), the other call's unit, parked while its listener had 3 s queued,
+became ready during one call's gang of two windows and ran beside it: three decodes on
+two cores, the gang took 1.1 s where 0.66 s was planned, and its listener ran dry
+(179 ms). A first unit is never left: a sentence's first audio waits for no one (Rule 4
+says when it may take a core from a unit instead). The rule counts the cores granted
+when the unit began, not those the engine then uses: a unit that narrows itself to one
+core still holds back the units of utterances in progress that are not due, until it ends.
+
 A cancelled job (barge-in, CALL_END, dock lost, shutdown) is moved to the front
 of the queue (``cancelled``), where a worker only closes its generator: no more
 inference is spent on it. ``stop`` lets the workers close every open job (also
@@ -73,6 +87,10 @@ from engines.runtime.threads import lower_thread_priority
 #: sends a unit's packets and queues the job's next unit in about a millisecond; a loop
 #: held up longer does not hold the workers up with it)
 RETURN_WAIT_S = 0.05
+#: Rule 5: a free worker leaves a ready unit while the running units hold every core
+#: until this long before the unit's deadline (its listener's queue then still covers
+#: the unit's expected compute and this margin)
+CORE_WAIT_MARGIN_S = 0.3
 
 
 class JobState(enum.Enum):
@@ -144,6 +162,7 @@ class SynthesisPool:
         self.first_unit_s: Callable[[], float] = lambda: 0.0
         self._running: dict[Job, _Running] = {}  # Rule 4: the units workers run now
         self.recalled = 0  # recalls asked for (Rule 4)
+        self.helper_cores = 0  # Rule 5: cores the running units' helper threads hold
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -245,11 +264,12 @@ class SynthesisPool:
 
     def _grant(self, now: float) -> UnitGrant:
         """The cores a unit taken now may use (called with the lock held, ``busy``
-        already counting it): the cores no other running unit holds, while no other
-        unit is ready and waiting; else one. ``others``: utterances in progress that
-        are not parked."""
+        already counting it): the cores no other running unit or helper thread holds
+        (Rule 5), while no other unit is ready and waiting; else one. ``others``:
+        utterances in progress that are not parked."""
         waiting = self._queue.ready(now)
-        cores = 1 if waiting else max(1, self.cpus - (self.busy - 1))
+        free = self.cpus - (self.busy - 1) - self.helper_cores  # Rule 5
+        cores = 1 if waiting else max(1, free)
         # utterances parked far ahead of their listener need no inference soon
         others = len(self._open) - self._queue.parked(now) - 1
         calls = max(1, self.live_calls(), others + 1)
@@ -260,7 +280,7 @@ class SynthesisPool:
         with self._cond:
             while True:
                 now = self.clock()
-                hold = 0.0 if self._stopping else self._return_wait(now)
+                hold = 0.0 if self._stopping else max(self._return_wait(now), self._core_wait(now))
                 if hold > 0:  # Rule 3
                     self._cond.wait(hold)
                     continue
@@ -277,8 +297,9 @@ class SynthesisPool:
                     if self._queue.ready(now):  # the notify this worker waited past
                         self._cond.notify()
                     recall = CancelToken()
-                    self._running[job] = _Running(now, job.steps == 0, recall)
-                    grant = replace(self._grant(now), recall=recall)
+                    running = self._running[job] = _Running(now, job.steps == 0, recall)
+                    grant = replace(self._grant(now), recall=recall, hold=self._hold)
+                    running.cores = grant.cores
                     self._recall(now)  # a start still waits (Rule 4)
                     return job, got[1], grant
                 wake = self._queue.next_ready_at(now)
@@ -297,6 +318,25 @@ class SynthesisPool:
             return 0.0
         due = self._queue.first_deadline(now)
         return left if due is not None and due - now > left else 0.0
+
+    def _hold(self, cores: int) -> None:
+        """A running unit's helper threads take (``cores`` > 0) or give back cores
+        (``UnitGrant.hold``, Rule 5); a worker that leaves a unit for them is woken."""
+        with self._cond:
+            self.helper_cores = max(0, self.helper_cores + cores)
+            if cores < 0:
+                self._cond.notify_all()
+
+    def _core_wait(self, now: float) -> float:
+        """How much longer a free worker leaves the ready unit because the running units
+        hold every core (Rule 5; called with the lock held): until ``CORE_WAIT_MARGIN_S``
+        before its deadline; 0 while a core is free, or for an utterance's first unit."""
+        if sum(r.cores for r in self._running.values()) + self.helper_cores < self.cpus:
+            return 0.0
+        got = self._queue.peek(now)
+        if got is None or got[0].steps == 0:
+            return 0.0
+        return max(0.0, got[1] - CORE_WAIT_MARGIN_S - now)
 
     def _work(self) -> None:
         lower_thread_priority()
@@ -365,6 +405,7 @@ class _Running:
     started: float
     first: bool
     recall: CancelToken
+    cores: int = 1  # the cores it was granted (Rule 5)
 
 
 def _close(job: Job, error: BaseException | None) -> BaseException | None:

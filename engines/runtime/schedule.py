@@ -99,6 +99,12 @@ class DeadlineQueue(Generic[T]):
         del self._items[id(item)]
         return item, max(0.0, now - max(e.queued_at, e.ready_at))
 
+    def peek(self, now: float) -> tuple[T, float] | None:
+        """The item ``pop`` would return now and its deadline, left queued; ``None`` when
+        none is ready."""
+        best = self._best(now, False)
+        return None if best is None else (best[0], best[1].deadline)
+
     def first_deadline(self, now: float) -> float | None:
         """The deadline of the item ``pop`` would return now; ``None`` when none is ready."""
         best = self._best(now, False)

@@ -125,6 +125,10 @@ class UnitGrant:
     utterances in progress engine-wide (they share ``cpus`` with this one).
     ``calls``: calls the engine serves now, speaking or not (any of them may send its
     next sentence at any moment).
+    ``hold``: the pool's count of cores a unit's helper threads decode on beyond its
+    worker's own (``hold(1)`` as one begins, ``hold(-1)`` as it ends): a gang's other
+    windows run on after the unit has yielded its first, and the pool grants and leaves
+    units by the cores held (``pool`` Rule 5). None outside the pool.
     ``recall``: fires when the pool wants this unit's worker back for a new utterance's
     first unit (``pool`` Rule 4; only while this utterance's listener has audio to
     spare); a synthesiser may end the unit early with an empty chunk and do the work in
@@ -137,6 +141,7 @@ class UnitGrant:
     others: int = 0
     calls: int = 1
     recall: CancelToken | None = field(default=None, compare=False)
+    hold: Callable[[int], None] | None = field(default=None, compare=False)
 
     @property
     def share(self) -> float:

@@ -1,0 +1,228 @@
+"""A unit granted every core keeps them (``engines.runtime.pool`` Rule 5): while it runs, a
+free worker leaves another utterance's later unit that is not due soon, and still takes a
+sentence's first unit, or a unit whose deadline is near, at once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from engines.runtime.playback import PlaybackMeter
+from engines.runtime.pool import CORE_WAIT_MARGIN_S, Job, Step, SynthesisPool
+from engines.runtime.synth import CancelToken, FloatArray, unit_grant
+
+#: how long the wide unit gives the other job's unit to start before it ends (what the
+#: tests look for is the order of the two, never how fast either ran)
+START_WITHIN_S = 1.0
+#: a bound on every wait for an event that must come (a hang, not a speed target)
+HANG_S = 30.0
+
+
+class _Trace:
+    """Jobs whose units record their order in ``order``."""
+
+    def __init__(self, pool: SynthesisPool) -> None:
+        self.pool = pool
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+        self.started: dict[str, threading.Event] = {}
+        self.grants: dict[str, int] = {}
+
+    def note(self, what: str) -> None:
+        with self.lock:
+            self.order.append(what)
+        self.started.setdefault(what, threading.Event()).set()
+
+    def event(self, what: str) -> threading.Event:
+        return self.started.setdefault(what, threading.Event())
+
+    def job(self, name: str, units: list[Iterator[None] | None], loop: list[Step]) -> Job:
+        """A job of ``len(units)`` units; each records ``name-k`` when it starts and runs
+        its entry of ``units`` (None: nothing) before it yields; its steps go to ``loop``
+        (a stand-in for the event loop, which the test requeues by hand)."""
+
+        def gen() -> Iterator[FloatArray]:
+            for k, body in enumerate(units):
+                self.grants[f"{name}-{k}"] = unit_grant().cores
+                self.note(f"{name}-{k}")
+                if body is not None:
+                    for _ in body:
+                        pass
+                yield np.zeros(240, np.float32)
+
+        def deliver(step: Step) -> None:
+            loop.append(step)
+            self.note(f"{name}-delivered-{len(loop)}")
+
+        return Job(start=gen, token=CancelToken(), deliver=deliver, meter=PlaybackMeter())
+
+
+def _wide_unit(trace: _Trace, until: str) -> Iterator[None]:
+    """The wide job's unit: runs until ``until`` has started (at most ``START_WITHIN_S``),
+    then records its end."""
+    trace.event(until).wait(START_WITHIN_S)
+    trace.note("wide-end")
+    yield None
+
+
+def _wait(trace: _Trace, what: str) -> None:
+    assert trace.event(what).wait(HANG_S), f"{what} never came: {trace.order}"
+
+
+def _later_unit_while_wide(due_in: float) -> list[str]:
+    """Two workers on two cores. Job ``other`` has run its first unit and is with the loop;
+    job ``wide`` then starts alone (granted both cores); while it runs, ``other``'s next
+    unit is queued, due ``due_in`` s from now. The order of what happened."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    other_loop: list[Step] = []
+    wide_loop: list[Step] = []
+    other = trace.job("other", [None, None], other_loop)
+    wide = trace.job("wide", [_wide_unit(trace, "other-1")], wide_loop)
+    try:
+        pool.submit(other, pool.clock())
+        _wait(trace, "other-delivered-1")
+        pool.submit(wide, pool.clock())
+        _wait(trace, "wide-0")
+        assert trace.grants["wide-0"] == 2  # alone: every core
+        pool.requeue(other, pool.clock() + due_in)
+        _wait(trace, "other-1")
+        _wait(trace, "wide-end")
+        return list(trace.order)
+    finally:
+        pool.stop()
+
+
+def test_a_later_unit_not_due_soon_waits_for_the_unit_that_holds_every_core() -> None:
+    order = _later_unit_while_wide(due_in=60.0)
+    assert order.index("wide-end") < order.index("other-1"), order
+
+
+def test_a_later_unit_due_within_the_margin_runs_beside_the_wide_unit() -> None:
+    order = _later_unit_while_wide(due_in=CORE_WAIT_MARGIN_S / 2)
+    assert order.index("other-1") < order.index("wide-end"), order
+
+
+def test_a_first_unit_runs_at_once_beside_the_unit_that_holds_every_core() -> None:
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    wide = trace.job("wide", [_wide_unit(trace, "start-0")], [])
+    start = trace.job("start", [None], [])
+    try:
+        pool.submit(wide, pool.clock())
+        _wait(trace, "wide-0")
+        assert trace.grants["wide-0"] == 2
+        pool.submit(start, pool.clock() + 60.0)  # a first unit, however far its deadline
+        _wait(trace, "wide-end")
+        assert trace.order.index("start-0") < trace.order.index("wide-end"), trace.order
+    finally:
+        pool.stop()
+
+
+def test_a_unit_granted_one_core_of_two_holds_back_nothing() -> None:
+    """A unit that began beside another (granted one core) leaves the other core free once
+    that one has ended: the later unit runs beside it."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    other_loop: list[Step] = []
+    other = trace.job("other", [None, None], other_loop)
+    go = threading.Event()
+
+    def first_unit() -> Iterator[None]:
+        go.wait(HANG_S)
+        yield None
+
+    first = trace.job("first", [first_unit()], [])
+    narrow = trace.job("wide", [_wide_unit(trace, "other-1")], [])
+    try:
+        pool.submit(other, pool.clock())
+        _wait(trace, "other-delivered-1")
+        pool.submit(first, pool.clock())
+        _wait(trace, "first-0")
+        assert trace.grants["first-0"] == 2
+        pool.submit(narrow, pool.clock())  # a first unit: taken beside it, one core
+        _wait(trace, "wide-0")
+        assert trace.grants["wide-0"] == 1
+        go.set()
+        _wait(trace, "first-delivered-1")
+        pool.requeue(other, pool.clock() + 60.0)
+        _wait(trace, "wide-end")
+        _wait(trace, "other-1")
+        assert trace.order.index("other-1") < trace.order.index("wide-end"), trace.order
+    finally:
+        pool.stop()
+
+
+def test_a_unit_taken_while_a_helper_holds_a_core_is_granted_the_rest() -> None:
+    """A gang's helper thread decodes on after its unit has yielded (``UnitGrant.hold``):
+    the next unit is granted only the core it leaves, and every core once it is done."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    holds: list[Callable[[int], None]] = []
+
+    def gang_unit() -> Iterator[None]:
+        hold = unit_grant().hold
+        assert hold is not None
+        hold(1)  # its helper thread still decodes when the unit yields
+        holds.append(hold)
+        yield None
+
+    gang = trace.job("gang", [gang_unit()], [])
+    during = trace.job("during", [None], [])
+    after = trace.job("after", [None], [])
+    try:
+        pool.submit(gang, pool.clock())
+        _wait(trace, "gang-delivered-1")
+        pool.submit(during, pool.clock())
+        _wait(trace, "during-delivered-1")
+        holds[0](-1)  # the helper is done
+        pool.submit(after, pool.clock())
+        _wait(trace, "after-delivered-1")
+        assert trace.grants == {"gang-0": 2, "during-0": 1, "after-0": 2}
+    finally:
+        pool.stop()
+
+
+def test_a_later_unit_waits_for_a_helper_that_holds_the_last_core() -> None:
+    """A gang's helper holds one core after its unit has yielded, and a one-core unit runs
+    on the other: a later unit not due soon waits until the helper gives its core back,
+    then runs at once (not at its deadline)."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    other = trace.job("other", [None, None], [])
+    holds: list[Callable[[int], None]] = []
+    go = threading.Event()
+
+    def gang_unit() -> Iterator[None]:
+        hold = unit_grant().hold
+        assert hold is not None
+        hold(1)
+        holds.append(hold)
+        yield None
+
+    def busy_unit() -> Iterator[None]:
+        go.wait(HANG_S)
+        yield None
+
+    gang = trace.job("gang", [gang_unit()], [])
+    busy = trace.job("busy", [busy_unit()], [])
+    try:
+        pool.submit(other, pool.clock())
+        _wait(trace, "other-delivered-1")
+        pool.submit(gang, pool.clock())
+        _wait(trace, "gang-delivered-1")
+        pool.submit(busy, pool.clock())
+        _wait(trace, "busy-0")
+        assert trace.grants["busy-0"] == 1  # the helper holds the other core
+        pool.requeue(other, pool.clock() + 60.0)
+        # the order is what counts: the other's unit must not start before the release
+        assert not trace.event("other-1").wait(START_WITHIN_S), trace.order
+        trace.note("released")
+        holds[0](-1)
+        _wait(trace, "other-1")
+        assert trace.order.index("released") < trace.order.index("other-1"), trace.order
+    finally:
+        go.set()
+        pool.stop()
