@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,10 +22,11 @@ from kokoro_helpers import (
     spy,
 )
 
+import engines.kokoro.synth as synth_module
 from engines.kokoro.backend import PROSODY_KEEP_TOKENS, OnnxBackend, Prosody
 from engines.kokoro.models import ModelFileError
 from engines.kokoro.pacing import SAFETY, START_RAMP_STEPS
-from engines.kokoro.synth import KokoroConfig, KokoroSynthesizer, _DecodeSpeed
+from engines.kokoro.synth import WINDOW_OVERHEAD, KokoroConfig, KokoroSynthesizer, _DecodeSpeed
 from engines.kokoro.windows import FIXED_STATS_SHAPE
 from engines.runtime.cpus import available_cpus
 from engines.runtime.synth import (
@@ -36,6 +38,7 @@ from engines.runtime.synth import (
     Synthesizer,
     UnitGrant,
     VoiceNotFound,
+    set_unit_grant,
 )
 
 pytestmark = pytest.mark.slow
@@ -132,6 +135,60 @@ def test_cancel_between_windows_stops_early(kokoro_synth: KokoroSynthesizer) -> 
         next(gen)
     assert len(backend.calls) == 1 and len(backend.windows) == 1
     assert kokoro_synth._speaking.others(outside, 0) == []  # a cancelled one leaves
+
+
+def test_a_start_beside_another_utterance_counts_on_the_cores_it_will_give_back(
+    kokoro_synth: KokoroSynthesizer,
+) -> None:
+    """``pacing`` Rule 8 in the engine: while the other utterance in progress has told the
+    speech it has left, a start beside it on two cores plans its windows alone (a gang,
+    or one window on every core) from the time that speech takes on a core of its own;
+    not while its length is unknown, nor beside as many others as cores, nor alone."""
+    me, other = kokoro_synth._speaking.open(), kokoro_synth._speaking.open()
+    try:
+        beside = UnitGrant(cores=1, cpus=2, others=1)
+        assert kokoro_synth._cores_back(beside, me) == (None, math.inf)  # not told yet
+        other.tell(2.0, 1.0)  # 2 s of speech left to decode, 1 s queued
+        freed, at = kokoro_synth._cores_back(beside, me)
+        assert freed is not None
+        assert at == pytest.approx(2.0 * 0.3 * WINDOW_OVERHEAD)  # at the pinned 0.3
+        alone = UnitGrant(cores=2, cpus=2, others=0)
+        assert freed == kokoro_synth._pace(alone, kokoro_synth._gang_size(alone, retry=False))
+        assert kokoro_synth._cores_back(UnitGrant(1, 2, 2), me) == (None, math.inf)
+        assert kokoro_synth._cores_back(alone, me) == (None, math.inf)
+        other.tell(math.inf, 1.0)  # units follow its current one
+        assert kokoro_synth._cores_back(beside, me) == (None, math.inf)
+    finally:
+        kokoro_synth._speaking.close(me)
+        kokoro_synth._speaking.close(other)
+
+
+def test_the_start_plan_beside_another_utterance_is_told_when_the_cores_come_back(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start planner gets Rule 8's pace and time for a sentence begun beside another
+    utterance in progress that has told the speech it has left."""
+    got: list[dict[str, Any]] = []
+    plan = synth_module.plan_ramp
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        got.append(kw)
+        return plan(*args, **kw)
+
+    monkeypatch.setattr(synth_module, "plan_ramp", recorded)
+    other = kokoro_synth._speaking.open()
+    other.tell(2.0, 1.0)
+    kokoro_synth._cache.clear()
+    gen = kokoro_synth.synthesize(EN_SENTENCE, CallState(call_id=31), CancelToken())
+    try:
+        set_unit_grant(UnitGrant(cores=1, cpus=2, others=1))
+        assert len(next(gen)) > 0
+    finally:
+        set_unit_grant(None)
+        gen.close()
+        kokoro_synth._speaking.close(other)
+    assert got and got[0]["freed"] is not None
+    assert got[0]["freed_at"] == pytest.approx(2.0 * 0.3 * WINDOW_OVERHEAD)
 
 
 class RunWatch(CancelToken):

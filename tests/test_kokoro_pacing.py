@@ -17,6 +17,7 @@ from engines.kokoro.pacing import (
     RAMP_FLOOR,
     RAMP_STEP,
     SAFETY,
+    Forecast,
     Pace,
     Surprise,
     first_gang_frames,
@@ -588,3 +589,79 @@ def test_more_speech_left_or_less_queued_never_waives_the_share_rule(
     n = len(others)
     if (n + 1) * cost > cpus:
         assert not horizon_keeps_up(left, [(INF, 0.0)] * n, cost, cpus)
+
+
+def _beside_another(freed: Pace | None = None, freed_at: float = INF) -> tuple[int, Forecast]:
+    """A 5 s sentence started beside another utterance on two cores: its windows at one
+    core's crowded speed (0.626 compute s per audio s), the gang's 0.6 a core."""
+    lead = 6
+    candidates = [*range(lead + 4, lead + 12), *range(lead + 12, lead + 36, 2)]
+    candidates += list(range(lead + 36, 200, 4))
+    one = Pace.from_rtf(0.626)
+    return plan_first_end(
+        200,
+        candidates,
+        pace=one,
+        later=one,
+        context=2,
+        min_frames=24,
+        max_frames=200,
+        lead_skip=4,
+        decode_from=lead,
+        ramp=12,
+        freed=freed,
+        freed_at=freed_at,
+    )
+
+
+def test_a_start_beside_another_counts_on_the_cores_that_come_back() -> None:
+    """Rule 8: the other utterance's speech decoded within a second, the windows after it
+    run as a gang, and the start needs a shorter first window than on one core all along;
+    that plan counts on the gang (on one core all along it would run dry)."""
+    gang = Pace.from_rtf(0.6, gang=2)
+    end_one, alone = _beside_another()
+    end_back, back = _beside_another(gang, 1.0)
+    assert end_back < end_one
+    assert back.gaps == 0 and back.start_s < alone.start_s
+    one = Pace.from_rtf(0.626 * SAFETY)
+    dry = simulate(
+        200, end_back, pace=one, context=2, min_frames=24, max_frames=200, decode_from=6, ramp=12
+    )
+    assert dry.gaps > 0
+    # the later they come back, the later the start, up to the plan without them
+    ends = [_beside_another(gang, at)[0] for at in (0.0, 1.0, 3.0, 30.0)]
+    assert ends == sorted(ends) and ends[-1] <= end_one
+
+
+@given(
+    n=st.integers(30, 300),
+    first=st.integers(4, 60),
+    rtf=st.floats(0.2, 1.5),
+    gang=st.integers(1, 3),
+    at=st.floats(0.0, 10.0),
+)
+@settings(max_examples=150, deadline=None)
+def test_cores_that_never_come_back_or_no_faster_change_nothing(
+    n: int, first: int, rtf: float, gang: int, at: float
+) -> None:
+    """Rule 8's speed from ``freed_at`` on: never reached, or the same as before, the
+    simulation is the one without it."""
+    pace = Pace.from_rtf(rtf, gang=gang)
+
+    def run(freed: Pace | None = None, freed_at: float = INF) -> Forecast:
+        return simulate(
+            n,
+            first,
+            pace=pace,
+            context=2,
+            min_frames=24,
+            max_frames=200,
+            decode_from=2,
+            ramp=12,
+            freed=freed,
+            freed_at=freed_at,
+        )
+
+    plain = run()
+    assert run(Pace.from_rtf(0.1, gang=2)) == plain
+    assert run(pace, at) == plain

@@ -50,6 +50,14 @@ decoded: the start planner takes the ramp whose plan plays through with the earl
 first audio, and only for an utterance with no other in progress (whose cores would
 pay for that context). After those steps the shape's ramp holds again.
 
+Rule 8: the cores come back. A start planned while other utterances are in progress
+counts on one core's crowded speed for its windows, and on a CPU near real time that
+needs a long first window (26-36 frames, first audio 450-830 ms, beside a second call
+on two cores). But those utterances are decoded well before they have played: once the
+speech they have left is decoded (``freed_at``, compute s from the start, each on a core
+of its own), this one's windows run as when alone (``freed``: a gang, one per core), and
+the simulation says so; the engine's windows then take those cores as they come free.
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -284,6 +292,8 @@ def simulate(
     later: Pace | None = None,
     skew: int = 0,
     start_ramp: int | None = None,
+    freed: Pace | None = None,
+    freed_at: float = math.inf,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -296,7 +306,8 @@ def simulate(
     speed, ``later`` the others' (default: the same; with a ``gang``, Rule 3, its
     first window shared by ``first_gang_frames`` with ``skew``); ``start_ramp``: the
     smallest window of the first ``START_RAMP_STEPS`` steps after the first window
-    instead of ``ramp`` (Rule 7; None: ``ramp``).
+    instead of ``ramp`` (Rule 7; None: ``ramp``); ``freed``: the speed of the steps
+    that begin from ``freed_at`` s on (Rule 8: the cores the others held come back).
     """
     step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
@@ -339,6 +350,8 @@ def simulate(
     smallest = after if start_ramp is None else ramp_frames(start_ramp, min_frames)
     steps = 0
     while pos < n_frames:
+        if freed is not None and t >= freed_at:
+            step = freed
         per = next_window_frames(play_end - t, step, context, n_frames - pos, min_frames)
         slowest = 0  # the gang's windows are ready when its largest one is
         kept = 0
@@ -393,6 +406,8 @@ def plan_first_end(
     safety: float = SAFETY,
     skew: int = 0,
     start_ramp: int | None = None,
+    freed: Pace | None = None,
+    freed_at: float = math.inf,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
@@ -402,10 +417,16 @@ def plan_first_end(
     plan whose only gap is before the sentence's first audio (it starts late, then
     plays through) comes before a longer first window. The gaps predicted for the
     choice come with it. ``later``: the speed of the windows after the first,
-    ``skew`` the share of a gang's first window and ``start_ramp`` the smallest window
-    of the steps right after it (``simulate``)."""
-    safe = Pace(pace.frame_s * safety, pace.shared, pace.gang)
-    safe_later = None if later is None else Pace(later.frame_s * safety, later.shared, later.gang)
+    ``skew`` the share of a gang's first window, ``start_ramp`` the smallest window
+    of the steps right after it, and ``freed`` the speed from ``freed_at`` on
+    (``simulate``; ``freed_at`` too is stretched by ``safety``)."""
+
+    def slower(p: Pace) -> Pace:
+        return Pace(p.frame_s * safety, p.shared, p.gang)
+
+    safe = slower(pace)
+    safe_later = None if later is None else slower(later)
+    safe_freed = None if freed is None else slower(freed)
 
     def run(end: int) -> Forecast:
         return simulate(
@@ -422,6 +443,8 @@ def plan_first_end(
             later=safe_later,
             skew=skew,
             start_ramp=start_ramp,
+            freed=safe_freed,
+            freed_at=freed_at * safety,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)

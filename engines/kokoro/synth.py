@@ -1123,6 +1123,25 @@ class KokoroSynthesizer:
         # interleave them); with a core each, long windows waste fewer context frames
         return Pace.from_rtf(rtf, shared=grant.share < 1.0)
 
+    def _cores_back(self, grant: UnitGrant, speech: _Speech | None) -> tuple[Pace | None, float]:
+        """``pacing`` Rule 8 for a start beside other utterances in progress: this one's
+        pace once they have decoded the speech they have left, and when (compute s from
+        now: each on a core of its own, at the crowded speed times ``WINDOW_OVERHEAD``);
+        ``(None, math.inf)`` while any of them has an unknown length left (units follow
+        its current one, or it has not told yet), or they hold every core but this one's
+        and more."""
+        if speech is None or grant.others == 0 or grant.others >= grant.cpus:
+            return None, math.inf
+        lefts = [left for left, _ in self._speaking.others(speech, grant.others)]
+        if not lefts or not all(math.isfinite(left) for left in lefts):
+            return None, math.inf
+        fixed = self.config.assume_rtf
+        rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
+        alone = UnitGrant(grant.cpus, grant.cpus, 0)
+        return self._pace(alone, self._gang_size(alone, retry=False)), max(
+            lefts
+        ) * rtf * WINDOW_OVERHEAD
+
     def _solo_pace(self, grant: UnitGrant, ahead: float, context: int) -> Pace | None:
         """One core's pace, when this utterance is alone on a unit granted several cores
         while other calls are connected, and one core, with the ``ahead`` s of audio
@@ -1655,6 +1674,7 @@ class KokoroSynthesizer:
         safety = SAFETY if cfg.assume_rtf is not None else self._speed.safety()
         # an utterance alone may ramp with smaller windows (``pacing`` Rule 7)
         ramps = ramp_choices(planner.ramp) if grant.others == 0 else (planner.ramp,)
+        freed, freed_at = self._cores_back(grant, speech)
         end, ramp, forecast = plan_ramp(
             planner.n,
             planner.first_candidates(),
@@ -1670,6 +1690,8 @@ class KokoroSynthesizer:
             later=later,
             safety=safety,
             skew=skew,
+            freed=freed,
+            freed_at=freed_at,
         )
         planner.set_ramp(ramp)
         if state.playback is not None:
@@ -1688,6 +1710,7 @@ class KokoroSynthesizer:
             gang=later.gang,
             skew=skew,
             ramp=planner.ramp,
+            freed_ms=round(freed_at * 1000) if freed is not None else None,
             windows=forecast.windows,
             gaps=forecast.gaps,
             start_ms=round(forecast.start_s * 1000, 1),
