@@ -185,6 +185,36 @@ def test_a_unit_taken_while_a_helper_holds_a_core_is_granted_the_rest() -> None:
         pool.stop()
 
 
+def test_a_jobs_own_helper_leaves_its_next_unit_every_core() -> None:
+    """The cores a job's helper threads hold are its own work (its next unit waits for
+    them, or runs beside them on purpose): its next unit is granted every core."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    holds: list[Callable[[int], None]] = []
+
+    def gang_unit() -> Iterator[None]:
+        hold = unit_grant().hold
+        assert hold is not None
+        hold(1)  # its helper still decodes when the unit yields
+        holds.append(hold)
+        yield None
+
+    def next_unit() -> Iterator[None]:
+        holds[0](-1)  # the helper ends during the job's next unit
+        yield None
+
+    loop: list[Step] = []
+    gang = trace.job("gang", [gang_unit(), next_unit()], loop)
+    try:
+        pool.submit(gang, pool.clock())
+        _wait(trace, "gang-delivered-1")
+        pool.requeue(gang, pool.clock())
+        _wait(trace, "gang-delivered-2")
+        assert trace.grants == {"gang-0": 2, "gang-1": 2}
+    finally:
+        pool.stop()
+
+
 def test_a_later_unit_waits_for_a_helper_that_holds_the_last_core() -> None:
     """A gang's helper holds one core after its unit has yielded, and a one-core unit runs
     on the other: a later unit not due soon waits until the helper gives its core back,

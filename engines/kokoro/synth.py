@@ -1137,10 +1137,9 @@ class KokoroSynthesizer:
             return None, math.inf
         fixed = self.config.assume_rtf
         rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=_crowded(grant))
+        at = max(lefts) * rtf * WINDOW_OVERHEAD
         alone = UnitGrant(grant.cpus, grant.cpus, 0)
-        return self._pace(alone, self._gang_size(alone, retry=False)), max(
-            lefts
-        ) * rtf * WINDOW_OVERHEAD
+        return self._pace(alone, self._gang_size(alone, retry=False)), at
 
     def _solo_pace(self, grant: UnitGrant, ahead: float, context: int) -> Pace | None:
         """One core's pace, when this utterance is alone on a unit granted several cores

@@ -35,7 +35,8 @@ no other is recalled meanwhile).
 
 Rule 5: a unit granted several cores holds them (a gang of windows, a wide session), and
 so do its helper threads (``UnitGrant.hold``: a gang's other windows still decode after
-the unit has yielded its first); a unit taken is granted only the cores nothing holds.
+the unit has yielded its first); a unit taken is granted only the cores nothing holds
+but its own job's helpers (their windows are its work: its unit waits for them).
 While the running units and helpers hold every core, a free worker leaves a ready unit
 that is not an utterance's first until ``CORE_WAIT_MARGIN_S`` before its deadline, or
 until a unit ends or a helper gives its core back. Without it (two calls on two cores,
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import math
 import threading
 import time
@@ -162,7 +164,7 @@ class SynthesisPool:
         self.first_unit_s: Callable[[], float] = lambda: 0.0
         self._running: dict[Job, _Running] = {}  # Rule 4: the units workers run now
         self.recalled = 0  # recalls asked for (Rule 4)
-        self.helper_cores = 0  # Rule 5: cores the running units' helper threads hold
+        self._helpers: dict[Job, int] = {}  # Rule 5: cores each job's helper threads hold
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -262,13 +264,14 @@ class SynthesisPool:
             self._threads.append(th)
             th.start()
 
-    def _grant(self, now: float) -> UnitGrant:
-        """The cores a unit taken now may use (called with the lock held, ``busy``
-        already counting it): the cores no other running unit or helper thread holds
-        (Rule 5), while no other unit is ready and waiting; else one. ``others``:
-        utterances in progress that are not parked."""
+    def _grant(self, now: float, job: Job) -> UnitGrant:
+        """The cores ``job``'s unit taken now may use (called with the lock held,
+        ``busy`` already counting it): the cores no other running unit holds, nor the
+        helper threads of other jobs (Rule 5: its own helpers' windows are its own work,
+        which its unit waits for), while no other unit is ready and waiting; else one.
+        ``others``: utterances in progress that are not parked."""
         waiting = self._queue.ready(now)
-        free = self.cpus - (self.busy - 1) - self.helper_cores  # Rule 5
+        free = self.cpus - (self.busy - 1) - self._helper_cores(but=job)  # Rule 5
         cores = 1 if waiting else max(1, free)
         # utterances parked far ahead of their listener need no inference soon
         others = len(self._open) - self._queue.parked(now) - 1
@@ -281,7 +284,7 @@ class SynthesisPool:
             while True:
                 now = self.clock()
                 hold = 0.0 if self._stopping else max(self._return_wait(now), self._core_wait(now))
-                if hold > 0:  # Rule 3
+                if hold > 0:  # Rules 3 and 5
                     self._cond.wait(hold)
                     continue
                 got = self._queue.pop(now, parked_too=self._stopping)
@@ -298,7 +301,8 @@ class SynthesisPool:
                         self._cond.notify()
                     recall = CancelToken()
                     running = self._running[job] = _Running(now, job.steps == 0, recall)
-                    grant = replace(self._grant(now), recall=recall, hold=self._hold)
+                    helpers = functools.partial(self._hold, job)
+                    grant = replace(self._grant(now, job), recall=recall, hold=helpers)
                     running.cores = grant.cores
                     self._recall(now)  # a start still waits (Rule 4)
                     return job, got[1], grant
@@ -319,22 +323,32 @@ class SynthesisPool:
         due = self._queue.first_deadline(now)
         return left if due is not None and due - now > left else 0.0
 
-    def _hold(self, cores: int) -> None:
-        """A running unit's helper threads take (``cores`` > 0) or give back cores
+    def _hold(self, job: Job, cores: int) -> None:
+        """``job``'s helper threads take (``cores`` > 0) or give back cores
         (``UnitGrant.hold``, Rule 5); a worker that leaves a unit for them is woken."""
         with self._cond:
-            self.helper_cores = max(0, self.helper_cores + cores)
+            held = max(0, self._helpers.get(job, 0) + cores)
+            if held:
+                self._helpers[job] = held
+            else:
+                self._helpers.pop(job, None)
             if cores < 0:
                 self._cond.notify_all()
+
+    def _helper_cores(self, but: Job | None = None) -> int:
+        """Cores the helper threads of every job but ``but`` hold (Rule 5)."""
+        return sum(n for j, n in self._helpers.items() if j is not but)
 
     def _core_wait(self, now: float) -> float:
         """How much longer a free worker leaves the ready unit because the running units
         hold every core (Rule 5; called with the lock held): until ``CORE_WAIT_MARGIN_S``
-        before its deadline; 0 while a core is free, or for an utterance's first unit."""
-        if sum(r.cores for r in self._running.values()) + self.helper_cores < self.cpus:
-            return 0.0
+        before its deadline; 0 while a core is free (its own helpers' cores count as its
+        own), or for an utterance's first unit."""
         got = self._queue.peek(now)
         if got is None or got[0].steps == 0:
+            return 0.0
+        held = sum(r.cores for r in self._running.values()) + self._helper_cores(but=got[0])
+        if held < self.cpus:
             return 0.0
         return max(0.0, got[1] - CORE_WAIT_MARGIN_S - now)
 

@@ -107,8 +107,8 @@ class DeadlineQueue(Generic[T]):
 
     def first_deadline(self, now: float) -> float | None:
         """The deadline of the item ``pop`` would return now; ``None`` when none is ready."""
-        best = self._best(now, False)
-        return None if best is None else best[1].deadline
+        got = self.peek(now)
+        return None if got is None else got[1]
 
     def next_ready_at(self, now: float) -> float | None:
         """The earliest time an item becomes ready (``now`` if one is ready already)."""
