@@ -59,11 +59,21 @@ class _Trace:
         return Job(start=gen, token=CancelToken(), deliver=deliver, meter=PlaybackMeter())
 
 
-def _wide_unit(trace: _Trace, until: str) -> Iterator[None]:
-    """The wide job's unit: runs until ``until`` has started (at most ``START_WITHIN_S``),
-    then records its end."""
-    trace.event(until).wait(START_WITHIN_S)
+def _wide_unit(trace: _Trace, until: str, within: float = HANG_S) -> Iterator[None]:
+    """The wide job's unit: runs until ``until`` has started (at most ``within`` s: where
+    it must not start first, ``START_WITHIN_S``), then records its end."""
+    trace.event(until).wait(within)
     trace.note("wide-end")
+    yield None
+
+
+def _helper_left_running(holds: list[Callable[[int], None]]) -> Iterator[None]:
+    """A gang's unit whose helper thread still decodes when the unit yields: it holds a
+    core (``UnitGrant.hold``) until the test gives it back through ``holds``."""
+    hold = unit_grant().hold
+    assert hold is not None
+    hold(1)
+    holds.append(hold)
     yield None
 
 
@@ -71,16 +81,17 @@ def _wait(trace: _Trace, what: str) -> None:
     assert trace.event(what).wait(HANG_S), f"{what} never came: {trace.order}"
 
 
-def _later_unit_while_wide(due_in: float) -> list[str]:
+def _later_unit_while_wide(due_in: float, within: float) -> list[str]:
     """Two workers on two cores. Job ``other`` has run its first unit and is with the loop;
     job ``wide`` then starts alone (granted both cores); while it runs, ``other``'s next
-    unit is queued, due ``due_in`` s from now. The order of what happened."""
+    unit is queued, due ``due_in`` s from now; the wide unit gives its start ``within`` s
+    (``_wide_unit``). The order of what happened."""
     pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
     trace = _Trace(pool)
     other_loop: list[Step] = []
     wide_loop: list[Step] = []
     other = trace.job("other", [None, None], other_loop)
-    wide = trace.job("wide", [_wide_unit(trace, "other-1")], wide_loop)
+    wide = trace.job("wide", [_wide_unit(trace, "other-1", within)], wide_loop)
     try:
         pool.submit(other, pool.clock())
         _wait(trace, "other-delivered-1")
@@ -96,12 +107,12 @@ def _later_unit_while_wide(due_in: float) -> list[str]:
 
 
 def test_a_later_unit_not_due_soon_waits_for_the_unit_that_holds_every_core() -> None:
-    order = _later_unit_while_wide(due_in=60.0)
+    order = _later_unit_while_wide(due_in=60.0, within=START_WITHIN_S)
     assert order.index("wide-end") < order.index("other-1"), order
 
 
 def test_a_later_unit_due_within_the_margin_runs_beside_the_wide_unit() -> None:
-    order = _later_unit_while_wide(due_in=CORE_WAIT_MARGIN_S / 2)
+    order = _later_unit_while_wide(due_in=CORE_WAIT_MARGIN_S / 2, within=HANG_S)
     assert order.index("other-1") < order.index("wide-end"), order
 
 
@@ -162,14 +173,7 @@ def test_a_unit_taken_while_a_helper_holds_a_core_is_granted_the_rest() -> None:
     trace = _Trace(pool)
     holds: list[Callable[[int], None]] = []
 
-    def gang_unit() -> Iterator[None]:
-        hold = unit_grant().hold
-        assert hold is not None
-        hold(1)  # its helper thread still decodes when the unit yields
-        holds.append(hold)
-        yield None
-
-    gang = trace.job("gang", [gang_unit()], [])
+    gang = trace.job("gang", [_helper_left_running(holds)], [])
     during = trace.job("during", [None], [])
     after = trace.job("after", [None], [])
     try:
@@ -192,19 +196,12 @@ def test_a_jobs_own_helper_leaves_its_next_unit_every_core() -> None:
     trace = _Trace(pool)
     holds: list[Callable[[int], None]] = []
 
-    def gang_unit() -> Iterator[None]:
-        hold = unit_grant().hold
-        assert hold is not None
-        hold(1)  # its helper still decodes when the unit yields
-        holds.append(hold)
-        yield None
-
     def next_unit() -> Iterator[None]:
         holds[0](-1)  # the helper ends during the job's next unit
         yield None
 
     loop: list[Step] = []
-    gang = trace.job("gang", [gang_unit(), next_unit()], loop)
+    gang = trace.job("gang", [_helper_left_running(holds), next_unit()], loop)
     try:
         pool.submit(gang, pool.clock())
         _wait(trace, "gang-delivered-1")
@@ -225,18 +222,11 @@ def test_a_later_unit_waits_for_a_helper_that_holds_the_last_core() -> None:
     holds: list[Callable[[int], None]] = []
     go = threading.Event()
 
-    def gang_unit() -> Iterator[None]:
-        hold = unit_grant().hold
-        assert hold is not None
-        hold(1)
-        holds.append(hold)
-        yield None
-
     def busy_unit() -> Iterator[None]:
         go.wait(HANG_S)
         yield None
 
-    gang = trace.job("gang", [gang_unit()], [])
+    gang = trace.job("gang", [_helper_left_running(holds)], [])
     busy = trace.job("busy", [busy_unit()], [])
     try:
         pool.submit(other, pool.clock())
