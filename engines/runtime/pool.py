@@ -266,13 +266,11 @@ class SynthesisPool:
 
     def _grant(self, now: float, job: Job) -> UnitGrant:
         """The cores ``job``'s unit taken now may use (called with the lock held,
-        ``busy`` already counting it): the cores no other running unit holds, nor the
-        helper threads of other jobs (Rule 5: its own helpers' windows are its own work,
-        which its unit waits for), while no other unit is ready and waiting; else one.
-        ``others``: utterances in progress that are not parked."""
+        already running): the cores nothing else holds (Rule 5), while no other unit is
+        ready and waiting; else one. ``others``: utterances in progress that are not
+        parked."""
         waiting = self._queue.ready(now)
-        free = self.cpus - (self.busy - 1) - self._helper_cores(but=job)  # Rule 5
-        cores = 1 if waiting else max(1, free)
+        cores = 1 if waiting else max(1, self.cpus - self._cores_held(but=job))
         # utterances parked far ahead of their listener need no inference soon
         others = len(self._open) - self._queue.parked(now) - 1
         calls = max(1, self.live_calls(), others + 1)
@@ -335,9 +333,12 @@ class SynthesisPool:
             if cores < 0:
                 self._cond.notify_all()
 
-    def _helper_cores(self, but: Job | None = None) -> int:
-        """Cores the helper threads of every job but ``but`` hold (Rule 5)."""
-        return sum(n for j, n in self._helpers.items() if j is not but)
+    def _cores_held(self, but: Job) -> int:
+        """Cores the running units were granted and the helper threads hold, of every
+        job but ``but`` (Rule 5: a job's own helpers' windows are its own work, which
+        its unit waits for)."""
+        units = sum(r.cores for j, r in self._running.items() if j is not but)
+        return units + sum(n for j, n in self._helpers.items() if j is not but)
 
     def _core_wait(self, now: float) -> float:
         """How much longer a free worker leaves the ready unit because the running units
@@ -347,8 +348,7 @@ class SynthesisPool:
         got = self._queue.peek(now)
         if got is None or got[0].steps == 0:
             return 0.0
-        held = sum(r.cores for r in self._running.values()) + self._helper_cores(but=got[0])
-        if held < self.cpus:
+        if self._cores_held(but=got[0]) < self.cpus:
             return 0.0
         return max(0.0, got[1] - CORE_WAIT_MARGIN_S - now)
 
