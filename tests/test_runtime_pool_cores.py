@@ -4,6 +4,7 @@ sentence's first unit, or a unit whose deadline is near, at once."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -243,6 +244,130 @@ def test_a_later_unit_waits_for_a_helper_that_holds_the_last_core() -> None:
         holds[0](-1)
         _wait(trace, "other-1")
         assert trace.order.index("released") < trace.order.index("other-1"), trace.order
+    finally:
+        go.set()
+        pool.stop()
+
+
+# -- Rule 6: a start claims the core another utterance's unit gives back ----------------
+
+
+def _start_beside(
+    claim: int, due_in: float, unit_s: float = 0.5
+) -> tuple[_Trace, list[float], list[bool]]:
+    """Two workers on two cores. Job ``other`` has run its first unit; its second runs
+    (one core) until the start has begun; the start's first unit (granted the other core)
+    claims ``claim`` cores and answers when they are expected free (``waits``); then
+    ``other``'s second unit ends and its third is queued, due ``due_in`` s from now; if
+    that starts within ``START_WITHIN_S`` the trace notes ``ran-while-claimed``; then the
+    start's helper takes a core (``took``: whether one was free) and its unit ends."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    pool.unit_s = lambda job: unit_s
+    trace = _Trace(pool)
+    waits: list[float] = []
+    took: list[bool] = []
+    other_loop: list[Step] = []
+    may_end = threading.Event()
+
+    def other_unit() -> Iterator[None]:
+        trace.event("start-0").wait(HANG_S)
+        yield None
+
+    def start_unit() -> Iterator[None]:
+        grant = unit_grant()
+        assert grant.claim is not None and grant.take is not None and grant.hold is not None
+        waits.append(grant.claim(claim))
+        may_end.wait(HANG_S)
+        took.append(grant.take(HANG_S if claim else START_WITHIN_S))
+        grant.hold(-1)
+        trace.note("took")
+        yield None
+
+    other = trace.job("other", [None, other_unit(), None], other_loop)
+    start = trace.job("start", [start_unit()], [])
+    try:
+        pool.submit(other, pool.clock())
+        _wait(trace, "other-delivered-1")
+        pool.requeue(other, pool.clock())
+        _wait(trace, "other-1")
+        pool.submit(start, pool.clock())
+        _wait(trace, "other-delivered-2")
+        assert trace.grants["start-0"] == 1
+        pool.requeue(other, pool.clock() + due_in)
+        # the order is what counts: whether the other's unit starts while the claim waits
+        if trace.event("other-2").wait(START_WITHIN_S):
+            trace.note("ran-while-claimed")
+        may_end.set()
+        _wait(trace, "took")
+        _wait(trace, "start-delivered-1")
+        _wait(trace, "other-2")
+        return trace, waits, took
+    finally:
+        may_end.set()
+        pool.stop()
+
+
+def test_a_start_takes_the_core_it_claimed_before_a_later_unit_not_due_soon() -> None:
+    trace, waits, took = _start_beside(claim=1, due_in=60.0)
+    assert waits and 0 < waits[0] <= 0.5  # the other's unit, expected to take 0.5 s
+    assert took == [True]
+    assert "ran-while-claimed" not in trace.order
+    assert trace.order.index("took") < trace.order.index("other-2"), trace.order
+
+
+def test_a_later_unit_due_within_the_margin_runs_while_a_claim_waits() -> None:
+    trace, _, _ = _start_beside(claim=1, due_in=CORE_WAIT_MARGIN_S / 2)
+    assert "ran-while-claimed" in trace.order
+
+
+def test_without_a_claim_a_later_unit_takes_the_free_core_at_once() -> None:
+    trace, waits, _ = _start_beside(claim=0, due_in=60.0)
+    assert waits == [0.0]
+    assert "ran-while-claimed" in trace.order
+
+
+def test_a_claim_answers_when_the_cores_are_expected_free() -> None:
+    """Every core granted: none to claim (``math.inf``); held by a unit whose compute is
+    not yet estimated: unknown (``math.inf``); a later unit may not claim; once the unit
+    that held it has ended: 0."""
+    pool = SynthesisPool(2, cpus=2, return_wait_s=0.0)
+    trace = _Trace(pool)
+    answers: dict[str, list[float]] = {}
+    go = threading.Event()
+
+    def ask(name: str, until: str | None = None) -> Iterator[None]:
+        claim = unit_grant().claim
+        assert claim is not None
+        answers[name] = [claim(1)]
+        if until is not None:
+            _wait(trace, until)
+            answers[name].append(claim(1))
+        yield None
+
+    def busy_unit() -> Iterator[None]:
+        go.wait(HANG_S)
+        yield None
+
+    alone = trace.job("alone", [ask("alone")], [])
+    busy = trace.job("busy", [busy_unit()], [])
+    loop: list[Step] = []
+    later = trace.job("later", [None, ask("later")], loop)
+    beside = trace.job("beside", [ask("beside", until="busy-delivered-1")], [])
+    try:
+        pool.submit(alone, pool.clock())
+        _wait(trace, "alone-delivered-1")
+        pool.submit(busy, pool.clock())
+        _wait(trace, "busy-0")
+        pool.submit(later, pool.clock())
+        _wait(trace, "later-delivered-1")
+        pool.requeue(later, pool.clock())
+        _wait(trace, "later-delivered-2")
+        pool.submit(beside, pool.clock())
+        _wait(trace, "beside-0")
+        go.set()
+        _wait(trace, "beside-delivered-1")
+        assert trace.grants["alone-0"] == 2 and trace.grants["beside-0"] == 1
+        assert answers == {"alone": [math.inf], "later": [math.inf], "beside": [math.inf, 0.0]}
     finally:
         go.set()
         pool.stop()

@@ -48,6 +48,20 @@ says when it may take a core from a unit instead). The rule counts the cores gra
 when the unit began, not those the engine then uses: a unit that narrows itself to one
 core still holds back the units of utterances in progress that are not due, until it ends.
 
+Rule 6: a start may claim the cores another utterance's unit holds (``UnitGrant.claim``):
+a sentence's first unit taken beside units of other utterances, granted fewer cores than
+the machine has, asks for more for its helper threads (the rest of its first window,
+decoded beside its first part). From then on, until a helper takes them
+(``UnitGrant.take``) or the claim is dropped (``claim(0)``, or its unit ends), those
+utterances' later units leave the claimed cores as they leave held ones (Rule 5: until
+``CORE_WAIT_MARGIN_S`` before their deadline), so the core a unit gives back goes to the
+start. ``claim`` answers when the cores are expected free: the expected end of the units
+that hold them (the call table's estimate); ``math.inf`` where one is not known (a
+helper's, or no estimate yet). Without it, a call's next sentence beside another call
+on two cores decoded its first window on one core, and on a CPU near real time per core
+(AMD EPYC Zen 3, AVX2 only) that window had to hold 1-1.5 s of speech: first audio
+0.9-1.5 s.
+
 A cancelled job (barge-in, CALL_END, dock lost, shutdown) is moved to the front
 of the queue (``cancelled``), where a worker only closes its generator: no more
 inference is spent on it. ``stop`` lets the workers close every open job (also
@@ -165,6 +179,7 @@ class SynthesisPool:
         self._running: dict[Job, _Running] = {}  # Rule 4: the units workers run now
         self.recalled = 0  # recalls asked for (Rule 4)
         self._helpers: dict[Job, int] = {}  # Rule 5: cores each job's helper threads hold
+        self._claims: dict[Job, int] = {}  # Rule 6: cores a start waits for, for its helpers
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -299,8 +314,13 @@ class SynthesisPool:
                         self._cond.notify()
                     recall = CancelToken()
                     running = self._running[job] = _Running(now, job.steps == 0, recall)
-                    helpers = functools.partial(self._hold, job)
-                    grant = replace(self._grant(now, job), recall=recall, hold=helpers)
+                    grant = replace(
+                        self._grant(now, job),
+                        recall=recall,
+                        hold=functools.partial(self._hold, job),
+                        claim=functools.partial(self._claim, job),
+                        take=functools.partial(self._take_core, job),
+                    )
                     running.cores = grant.cores
                     self._recall(now)  # a start still waits (Rule 4)
                     return job, got[1], grant
@@ -333,6 +353,65 @@ class SynthesisPool:
             if cores < 0:
                 self._cond.notify_all()
 
+    def _claim(self, job: Job, cores: int) -> float:
+        """``job``'s start claims ``cores`` more for its helpers (Rule 6; 0: drops its
+        claim): seconds until they are expected free (0: free now; ``math.inf``: not
+        known, or it may not claim: not its first unit, or no other utterance's unit
+        holds a core)."""
+        with self._cond:
+            running = self._running.get(job)
+            if cores <= 0 or running is None or not running.first:
+                if self._claims.pop(job, None):
+                    self._cond.notify_all()
+                return 0.0 if cores <= 0 else math.inf
+            self._claims[job] = cores
+            return self._free_in(job, cores, self.clock())
+
+    def _free_in(self, job: Job, cores: int, now: float) -> float:
+        """Seconds until ``cores`` beyond those ``job`` holds are expected free (Rule 6;
+        called with the lock held): by the expected end of the other units that hold
+        them; ``math.inf`` where a helper holds one, or a unit's estimate is unknown."""
+        short = cores - self._free_for(job)
+        if short <= 0:
+            return 0.0
+        ends: list[float] = []
+        for other, r in self._running.items():
+            if other is job:
+                continue
+            expected = self.unit_s(other)
+            end = r.started + expected - now if expected > 0 else math.inf
+            ends += [max(0.0, end)] * r.cores
+        ends += [math.inf] * sum(n for j, n in self._helpers.items() if j is not job)
+        ends.sort()
+        return ends[short - 1] if len(ends) >= short else math.inf
+
+    def _free_for(self, job: Job) -> int:
+        """Cores nothing holds: not ``job``'s unit or helpers, nor anything else's."""
+        own = self._running[job].cores if job in self._running else 0
+        return self.cpus - self._cores_held(but=job) - own - self._helpers.get(job, 0)
+
+    def _take_core(self, job: Job, timeout: float) -> bool:
+        """One of ``job``'s helper threads takes a core it claimed (Rule 6), waiting up to
+        ``timeout`` s for one to come free; it holds one either way (``hold``: give it
+        back with ``hold(-1)``), the claim one core less. True: a core was free."""
+        with self._cond:
+            end = self.clock() + max(0.0, timeout)
+            while self._free_for(job) < 1:
+                left = end - self.clock()
+                if left <= 0 or self._stopping:
+                    break
+                self._cond.wait(left)
+            free = self._free_for(job) >= 1
+            self._helpers[job] = self._helpers.get(job, 0) + 1
+            want = self._claims.pop(job, 0) - 1
+            if want > 0:
+                self._claims[job] = want
+            return free
+
+    def _claimed(self, but: Job) -> int:
+        """Cores the starts of every job but ``but`` claim (Rule 6)."""
+        return sum(n for j, n in self._claims.items() if j is not but)
+
     def _cores_held(self, but: Job) -> int:
         """Cores the running units were granted and the helper threads hold, of every
         job but ``but`` (Rule 5: a job's own helpers' windows are its own work, which
@@ -344,11 +423,12 @@ class SynthesisPool:
         """How much longer a free worker leaves the ready unit because the running units
         hold every core (Rule 5; called with the lock held): until ``CORE_WAIT_MARGIN_S``
         before its deadline; 0 while a core is free (its own helpers' cores count as its
-        own), or for an utterance's first unit."""
+        own; cores another job's start claims do not: Rule 6), or for an utterance's
+        first unit."""
         got = self._queue.peek(now)
         if got is None or got[0].steps == 0:
             return 0.0
-        if self._cores_held(but=got[0]) < self.cpus:
+        if self._cores_held(but=got[0]) + self._claimed(but=got[0]) < self.cpus:
             return 0.0
         return max(0.0, got[1] - CORE_WAIT_MARGIN_S - now)
 
@@ -369,6 +449,8 @@ class SynthesisPool:
                 with self._cond:
                     self.busy -= 1
                     self._running.pop(job, None)
+                    self._claims.pop(job, None)  # a claim ends with its unit (Rule 6)
+                    self._cond.notify_all()  # its cores are free (a helper may wait for one)
                     if step.finished:
                         job.state = JobState.DONE
                         self._open.discard(job)

@@ -133,6 +133,12 @@ class UnitGrant:
     first unit (``pool`` Rule 4; only while this utterance's listener has audio to
     spare); a synthesiser may end the unit early with an empty chunk and do the work in
     its next unit (``UnitRecalled``), or ignore it. None outside the pool.
+    ``claim``: a sentence's first unit asks for this many more cores for its helper
+    threads (0: drops the claim); answers the seconds until they are expected free
+    (``math.inf``: not known, or not granted), and from then on other utterances' later
+    units leave them to it (``pool`` Rule 6). ``take``: a helper takes a claimed core,
+    waiting up to the given seconds for one to come free (True: one was free), and then
+    holds it as ``hold(1)`` does (give it back with ``hold(-1)``). None outside the pool.
     A synthesiser reads it with ``unit_grant()`` inside ``next()``.
     """
 
@@ -142,6 +148,8 @@ class UnitGrant:
     calls: int = 1
     recall: CancelToken | None = field(default=None, compare=False)
     hold: Callable[[int], None] | None = field(default=None, compare=False)
+    claim: Callable[[int], float] | None = field(default=None, compare=False)
+    take: Callable[[float], bool] | None = field(default=None, compare=False)
 
     @property
     def share(self) -> float:
