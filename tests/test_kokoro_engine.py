@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,96 @@ def test_the_start_plan_beside_another_utterance_is_told_when_the_cores_come_bac
         kokoro_synth._speaking.close(other)
     assert got and got[0]["freed"] is not None
     assert got[0]["freed_at"] == pytest.approx(2.0 * 0.3 * WINDOW_OVERHEAD)
+
+
+def _start_beside_another(
+    kokoro_synth: KokoroSynthesizer,
+    monkeypatch: pytest.MonkeyPatch,
+    lag: float,
+    queued: float = 3.0,
+    cores: int = 1,
+) -> tuple[list[int], list[float], list[int], list[dict[str, Any]]]:
+    """A sentence's first unit begun beside another utterance in progress on ``cores`` of
+    two, at a pinned 0.9 compute s per audio s, in a pool whose claims answer ``lag``,
+    the other with 2 s of speech left and ``queued`` s of audio queued: the claims asked,
+    the helpers' takes (their wait), their holds, the start planner's arguments."""
+    claims: list[int] = []
+    takes: list[float] = []
+    holds: list[int] = []
+    got: list[dict[str, Any]] = []
+    plan = synth_module.plan_ramp
+
+    def claim(cores: int) -> float:
+        claims.append(cores)
+        return lag if cores else 0.0
+
+    def take(wait_s: float) -> bool:
+        takes.append(wait_s)
+        return True
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        got.append(kw)
+        return plan(*args, **kw)
+
+    monkeypatch.setattr(synth_module, "plan_ramp", recorded)
+    # a CPU near real time on one core: one window on it must be long (Rule 8)
+    monkeypatch.setattr(kokoro_synth, "config", replace(kokoro_synth.config, assume_rtf=0.9))
+    other = kokoro_synth._speaking.open()
+    other.tell(2.0, queued)
+    kokoro_synth._cache.clear()
+    gen = kokoro_synth.synthesize(EN_SENTENCE, CallState(call_id=32), CancelToken())
+    try:
+        grant = UnitGrant(cores, 2, 1, claim=claim, take=take, hold=holds.append)
+        set_unit_grant(grant)
+        assert len(next(gen)) > 0
+        assert len(next(gen)) > 0  # the gang's next window (its helper has ended)
+    finally:
+        set_unit_grant(None)
+        gen.close()
+        kokoro_synth._speaking.close(other)
+    return claims, takes, holds, got
+
+
+def test_a_start_beside_another_utterance_claims_a_core_for_its_first_gang(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pacing`` Rule 9 in the engine: a first unit granted one core of two beside another
+    utterance claims the other core before its prosody pass and again after it; with
+    that core expected free soon its first window is a gang, whose helper takes the
+    claimed core (waiting up to twice the expected wait) and gives it back; the start
+    planner is told when, and that the other's speech resumes after the first part."""
+    claims, takes, holds, got = _start_beside_another(kokoro_synth, monkeypatch, 0.05)
+    assert claims == [1, 1]
+    assert takes == [pytest.approx(max(synth_module.TAKE_WAIT_MIN_S, 0.1))]
+    assert sum(holds) == -1  # every core held is given back, the one taken too
+    assert got[-1]["lag"] == 0.05 and got[-1]["freed_after_first"]
+    assert got[-1]["pace"].gang == 2
+
+
+def test_a_start_beside_another_utterance_granted_every_core_gangs_without_a_claim(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule 9 with both cores granted (the other's unit was not running): the first window
+    is a gang on them, nothing is claimed or waited for, and the helper holds its core."""
+    claims, takes, holds, got = _start_beside_another(kokoro_synth, monkeypatch, 1.0, cores=2)
+    assert claims == [] and takes == []
+    assert holds and sum(holds) == 0 and holds[0] == 1
+    assert got[-1]["lag"] == 0.0 and got[-1]["freed_after_first"]
+    assert got[-1]["pace"].gang == 2
+
+
+@pytest.mark.parametrize(("lag", "queued"), [(math.inf, 3.0), (0.05, 0.5)])
+def test_a_start_that_may_not_wait_for_the_claimed_core_decodes_one_window(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch, lag: float, queued: float
+) -> None:
+    """The pool does not know when the core comes free, or the other utterance has too
+    little audio queued to leave it for the gang (``CLAIM_SPARE_S``): the claim is
+    dropped, and the first window is one window on the unit's core, as before Rule 9."""
+    claims, takes, holds, got = _start_beside_another(kokoro_synth, monkeypatch, lag, queued)
+    assert claims == [1, 1, 0]
+    assert takes == [] and holds == []
+    assert got[-1]["lag"] == 0.0 and not got[-1]["freed_after_first"]
+    assert got[-1]["pace"].gang == 1
 
 
 class RunWatch(CancelToken):

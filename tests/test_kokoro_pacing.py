@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +31,7 @@ from engines.kokoro.pacing import (
     ramp_choices,
     simulate,
 )
+from engines.kokoro.windows import FRAMES_PER_S
 
 CTX, MIN, MAX = 10, 32, 200
 INF = float("inf")
@@ -665,3 +668,86 @@ def test_cores_that_never_come_back_or_no_faster_change_nothing(
     plain = run()
     assert run(Pace.from_rtf(0.1, gang=2)) == plain
     assert run(pace, at) == plain
+
+
+def _claiming(lag: float | None) -> tuple[int, Forecast]:
+    """``_beside_another`` (the other's speech decoded 1 s later, then a gang) with the
+    first window a gang on a core claimed from the other, free ``lag`` s after the start
+    (Rule 9; None: one window on one core)."""
+    if lag is None:
+        return _beside_another(Pace.from_rtf(0.6, gang=2), 1.0)
+    lead = 6
+    candidates = [*range(lead + 4, lead + 12), *range(lead + 12, lead + 36, 2)]
+    candidates += list(range(lead + 36, 200, 4))
+    return plan_first_end(
+        200,
+        candidates,
+        pace=Pace.from_rtf(0.6, gang=2),
+        later=Pace.from_rtf(0.626),
+        context=2,
+        min_frames=24,
+        max_frames=200,
+        lead_skip=4,
+        decode_from=lead,
+        ramp=12,
+        freed=Pace.from_rtf(0.6, gang=2),
+        freed_at=1.0,
+        lag=lag,
+        freed_after_first=True,
+    )
+
+
+def test_a_start_that_claims_a_core_for_its_first_gang_starts_sooner() -> None:
+    """Rule 9: with a core of the other's from 0.1 s on, the first window is a gang and
+    the first audio comes sooner than with one window on one core; the later that core
+    comes free, the later the start."""
+    end_one, one = _claiming(None)
+    _, now = _claiming(0.1)
+    assert now.gaps == 0 and now.start_s < one.start_s
+    starts = [_claiming(lag)[1].start_s for lag in (0.0, 0.2, 0.5, 1.0)]
+    assert starts == sorted(starts)
+    assert end_one > 0
+
+
+@given(
+    n=st.integers(30, 300),
+    first=st.integers(4, 60),
+    rtf=st.floats(0.2, 1.5),
+    gang=st.integers(2, 3),
+    lag=st.floats(0.0, 3.0),
+)
+@settings(max_examples=150, deadline=None)
+def test_a_claimed_core_delays_the_gang_not_its_first_part(
+    n: int, first: int, rtf: float, gang: int, lag: float
+) -> None:
+    """Rule 9's ``lag``: 0 is the gang as before; a positive one leaves the first audio
+    where it was (the first part runs on the unit's own core), and one past the first
+    part's audio predicts a gap; ``freed_after_first`` moves the cores' return by the
+    first part's decode."""
+    pace = Pace.from_rtf(rtf, gang=gang)
+
+    def run(lag: float = 0.0, **kw: Any) -> Forecast:
+        return simulate(
+            n,
+            first,
+            pace=pace,
+            later=Pace.from_rtf(rtf),
+            context=2,
+            min_frames=24,
+            max_frames=200,
+            decode_from=2,
+            ramp=12,
+            lag=lag,
+            **kw,
+        )
+
+    plain = run()
+    assert run(0.0) == plain
+    late = run(lag)
+    assert late.start_s == plain.start_s
+    assert plain.ready_s >= plain.start_s and late.ready_s >= min(lag, plain.ready_s)
+    if lag > plain.start_s + min(first, n) / FRAMES_PER_S:
+        assert late.gaps >= 1
+    freed = Pace.from_rtf(rtf / 4, gang=gang)
+    shifted = run(freed=freed, freed_at=lag, freed_after_first=True)
+    assert shifted == run(freed=freed, freed_at=lag + plain.start_s)

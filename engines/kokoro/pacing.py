@@ -58,6 +58,14 @@ speech they have left is decoded (``freed_at``, compute s from the start, each o
 of its own), this one's windows run as when alone (``freed``: a gang, one per core), and
 the simulation says so; the engine's windows then take those cores as they come free.
 
+Rule 9: a start beside other utterances may take a core of theirs for its first window
+(the runtime pool's Rule 6: a start claims the cores their units hold, and their later
+units leave them to it while their listeners have audio to spare). Its first window is
+then a gang all the same, one part on the core it was granted and the others from when
+a core is expected free (``lag``), and the others' speech left is decoded from the end
+of its first part on (``freed_after_first``); the windows after the first are paced as
+any start's beside others (one core, Rules 6 and 8).
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -275,6 +283,7 @@ class Forecast:
     windows: int
     decoded_frames: int
     inside: int = 0  # of ``gaps``, those after the sentence's first audio (a stutter)
+    ready_s: float = 0.0  # compute until the whole first window (every part) is decoded
 
 
 def simulate(
@@ -294,6 +303,8 @@ def simulate(
     start_ramp: int | None = None,
     freed: Pace | None = None,
     freed_at: float = math.inf,
+    lag: float = 0.0,
+    freed_after_first: bool = False,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -307,7 +318,10 @@ def simulate(
     first window shared by ``first_gang_frames`` with ``skew``); ``start_ramp``: the
     smallest window of the first ``START_RAMP_STEPS`` steps after the first window
     instead of ``ramp`` (Rule 7; None: ``ramp``); ``freed``: the speed of the steps
-    that begin from ``freed_at`` s on (Rule 8: the cores the others held come back).
+    that begin from ``freed_at`` s on (Rule 8: the cores the others held come back;
+    with ``freed_after_first``, s from the end of the first part's decode: Rule 9);
+    ``lag``: s after the first window's start at which a gang's parts after its first
+    begin (Rule 9: the core they take comes free then).
     """
     step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
@@ -326,7 +340,7 @@ def simulate(
         decoded = sum(each)
         head = parts[0]
         t = pace.decode_s(each[0])
-        t_all = pace.decode_s(max(each))
+        t_all = max(t, lag + pace.decode_s(max(each[1:]))) if len(each) > 1 else t
     gaps, gap_s = 0, 0.0
     if ahead_s is None:
         play_end = t  # the listener starts with the first window
@@ -335,6 +349,8 @@ def simulate(
         if t > play_end:
             gaps, gap_s, play_end = 1, t - play_end, t
     t_first = t
+    if freed_after_first:
+        freed_at += t_first
     start_gaps = gaps
     # the first part's audio (less the trimmed leading pad), then the rest of the window
     heard = max(0, decode_from + head - lead_skip)
@@ -343,7 +359,7 @@ def simulate(
         gaps += 1
         gap_s += t_all - play_end
         play_end = t_all
-    t = t_all
+    t = ready = t_all
     play_end += (max(0, first_end - lead_skip) - heard) / FRAMES_PER_S
     pos, windows = first_end, 1
     after = ramp_frames(ramp, min_frames)  # from the ``START_RAMP_STEPS``-th step on
@@ -386,6 +402,7 @@ def simulate(
         inside=gaps - start_gaps,
         windows=windows,
         decoded_frames=decoded,
+        ready_s=ready,
     )
 
 
@@ -408,6 +425,8 @@ def plan_first_end(
     start_ramp: int | None = None,
     freed: Pace | None = None,
     freed_at: float = math.inf,
+    lag: float = 0.0,
+    freed_after_first: bool = False,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
@@ -418,8 +437,9 @@ def plan_first_end(
     plays through) comes before a longer first window. The gaps predicted for the
     choice come with it. ``later``: the speed of the windows after the first,
     ``skew`` the share of a gang's first window, ``start_ramp`` the smallest window
-    of the steps right after it, and ``freed`` the speed from ``freed_at`` on
-    (``simulate``; ``freed_at`` too is stretched by ``safety``)."""
+    of the steps right after it, ``freed`` the speed from ``freed_at`` on, ``lag`` and
+    ``freed_after_first`` (Rule 9) as in ``simulate`` (``freed_at`` and ``lag`` too are
+    stretched by ``safety``)."""
 
     def slower(p: Pace) -> Pace:
         return Pace(p.frame_s * safety, p.shared, p.gang)
@@ -445,6 +465,8 @@ def plan_first_end(
             start_ramp=start_ramp,
             freed=safe_freed,
             freed_at=freed_at * safety,
+            lag=lag * safety,
+            freed_after_first=freed_after_first,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)

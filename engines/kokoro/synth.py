@@ -82,7 +82,7 @@ from concurrent.futures import wait as wait_all
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import structlog
@@ -127,6 +127,7 @@ from engines.kokoro.norms import NormStats
 from engines.kokoro.pacing import (
     SAFETY,
     START_RAMP_STEPS,
+    Forecast,
     Pace,
     Surprise,
     busy_window_frames,
@@ -214,6 +215,17 @@ SOLO_MIN_FRAMES = 80
 #: side (48 frames with the voice's statistics' 2: about 8 % of the frames decoded are
 #: context), so that on a slow CPU the windows cost little more.
 CALLING_MIN_CONTEXTS = 24
+#: A start beside other utterances takes a core of theirs for its first window's gang
+#: (``pacing`` Rule 9, ``_start_gang``); its helper waits this many times the expected
+#: wait for that core (and at least ``TAKE_WAIT_MIN_S``), then decodes anyway
+TAKE_WAIT_FACTOR = 2.0
+TAKE_WAIT_MIN_S = 0.1
+#: ... only while every other utterance in progress has this much audio queued beyond
+#: that gang's planned decode: its next unit (about ``pacing.BUSY_WINDOW_S``) and the
+#: pool's ``CORE_WAIT_MARGIN_S`` (0.3 s), which it keeps while it leaves the core. A
+#: claim beside an utterance with 0.4-0.8 s queued ran three decodes on two cores for
+#: 1.3 s (AMD EPYC Zen 3, AVX2 only), and that utterance's listener ran dry for 571 ms.
+CLAIM_SPARE_S = 0.7
 PROBE_TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday afternoon."
 #: decode compute of a sentence, with its windows' context frames and the prosody pass,
 #: per decoded audio second of the plan's probe (measured: 1.15-1.3 in kokoro_ttfa)
@@ -486,6 +498,19 @@ class _Prefetch:
         self.ran_s = self.ended - t0
 
 
+class _StartPlan(NamedTuple):
+    """A sentence's start as ``KokoroSynthesizer._start_plan`` plans it."""
+
+    end: int
+    ramp: int | None
+    forecast: Forecast
+    pace: Pace  # the first window's
+    later: Pace  # the windows' after it
+    safety: float
+    freed_at: float
+    freed: bool  # Rule 8 applies
+
+
 def _speaks_to_end(audio: FloatArray, end: int) -> bool:
     """Whether a window's decoded ``audio`` is still speech in the last
     ``SPEECH_END_CHECK_FRAMES`` before its kept end (frame ``end`` of the decoded span)."""
@@ -550,6 +575,8 @@ class KokoroSynthesizer:
             "audio_s_total": 0.0,
             "last_first_chunk_ms": 0.0,
             "starts_delayed": 0.0,
+            # starts beside other calls whose first gang took a core of theirs (Rule 9)
+            "starts_claimed": 0.0,
             "gaps_predicted": 0.0,
             "windows_parallel": 0.0,
             # frame-stage runs for a gang's next windows, done beside its last (_Prefetch)
@@ -1141,6 +1168,80 @@ class KokoroSynthesizer:
         alone = UnitGrant(grant.cpus, grant.cpus, 0)
         return self._pace(alone, self._gang_size(alone, retry=False)), at
 
+    def _start_gang(self, grant: UnitGrant) -> tuple[int, int]:
+        """``pacing`` Rule 9 (runtime pool Rule 6): the windows a sentence's first unit,
+        taken beside other utterances in progress, may share its first window by (one per
+        core, up to ``parallel_windows``), and how many of those cores it claims from
+        their units (asked of the pool now, before the prosody pass); ``(1, 0)`` where
+        it may not: alone, one core in all, one window at a time (``parallel_windows``
+        1), whole sentences, or warming up; none claimed outside the pool."""
+        cfg = self.config
+        if grant.others == 0 or grant.cpus < 2 or self._warming or self._split_backend is None:
+            return 1, 0
+        want = grant.cpus if cfg.parallel_windows is None else min(cfg.parallel_windows, grant.cpus)
+        need = max(0, want - grant.cores)
+        if need and grant.claim is None:
+            want, need = grant.cores, 0  # no pool to claim from: the cores granted
+        if want < 2:
+            return 1, 0
+        if need:
+            assert grant.claim is not None
+            grant.claim(need)
+        return want, need
+
+    def _claimed_pace(self, gang: int) -> Pace:
+        """The first gang's pace on a claimed core (Rule 9): each window on one core while
+        every core decodes."""
+        fixed = self.config.assume_rtf
+        rtf = fixed if fixed is not None else self._speed.rtf(1, crowded=True)
+        return Pace.from_rtf(rtf, gang=gang)
+
+    def _start_lag(
+        self,
+        grant: UnitGrant,
+        width: int,
+        claimed: int,
+        planner: WindowPlanner,
+        prosody: Prosody,
+        state: CallState,
+        shape: WindowShape,
+        speech: _Speech,
+    ) -> float | None:
+        """Rule 9 after the prosody pass: the seconds until the ``claimed`` cores are
+        expected free (asked again: the pool's answer is fresh; 0 with none claimed),
+        where a first gang of ``width`` windows, its parts after the first from then on,
+        starts sooner than one window on this unit's core (simulated as ``_plan_start``
+        plans it, both at their safety) and every other utterance in progress has the
+        audio queued to wait for it (``CLAIM_SPARE_S``); else None, and the claim is
+        dropped."""
+        lag = grant.claim(claimed) if claimed and grant.claim is not None else 0.0
+        if math.isfinite(lag):
+            k = width
+            skew = self._first_skew(planner, prosody, k, shape.context, speech)
+            plan = functools.partial(self._start_plan, planner, prosody, state, 0, shape)
+            one_plan, gang_plan = plan(1, speech), plan(k, speech, skew, lag)
+            alone, gang = one_plan.forecast, gang_plan.forecast
+            log.debug(
+                "start_claim",
+                call_id=state.call_id,
+                lag_ms=round(lag * 1000),
+                one_end=one_plan.end,
+                one_ms=round(alone.start_s * 1000, 1),
+                one_gaps=alone.gaps,
+                gang_end=gang_plan.end,
+                gang_ms=round(gang.start_s * 1000, 1),
+                gang_gaps=gang.gaps,
+                ready_ms=round(gang.ready_s * 1000, 1),
+                skew=skew,
+            )
+            queued = [q for _, q in self._speaking.others(speech, grant.others)]
+            spare = min(queued, default=math.inf) >= gang.ready_s + CLAIM_SPARE_S
+            if spare and (gang.gaps, gang.start_s) < (alone.gaps, alone.start_s):
+                return lag
+        if claimed and grant.claim is not None:
+            grant.claim(0)
+        return None
+
     def _solo_pace(self, grant: UnitGrant, ahead: float, context: int) -> Pace | None:
         """One core's pace, when this utterance is alone on a unit granted several cores
         while other calls are connected, and one core, with the ``ahead`` s of audio
@@ -1283,15 +1384,18 @@ class KokoroSynthesizer:
         style: FloatArray,
         cancel: CancelToken,
         prefetch: _Prefetch | None = None,
+        take_s: float | None = None,
     ) -> Generator[tuple[FloatArray, float, float], None, None]:
         """Each window's decoded audio, compute seconds and the ``perf_counter`` time its
         decode ended, in order, each as soon as it is ready: one in this thread, a gang's
         others at the same time in helper threads, one intra-op thread each (after the
         frame stage has run for all of them, here, on all the gang's cores, unless the
         gang before ran it beside its windows); the ``prefetch`` of the next gang's frame
-        stage in whichever thread is done with its window first. No decode outlives the
-        iterator: closing it waits for the helpers (a cancelled unit's runs end at their
-        next node)."""
+        stage in whichever thread is done with its window first. With ``take_s`` (a
+        start's first gang beside other utterances, Rule 9) the frame stage runs on this
+        unit's own core, and each helper first takes the core the start claimed, waiting
+        up to ``take_s`` for it. No decode outlives the iterator: closing it waits for
+        the helpers (a cancelled unit's runs end at their next node)."""
         backend = cast(SplitBackend, self._backend)
 
         def one(w: Window, ahead: int = 0) -> tuple[FloatArray, float, float]:
@@ -1311,16 +1415,19 @@ class KokoroSynthesizer:
             start, end = gang[0].ctx_start, gang[-1].ctx_end
             # on all the gang's cores: nothing else runs on them until it is done
             grant = unit_grant()
-            set_unit_grant(replace(grant, cores=len(gang)))
+            set_unit_grant(replace(grant, cores=len(gang) if take_s is None else grant.cores))
             try:
                 backend.prepare(prosody, start, end, style, cancel, ahead)
             finally:
                 set_unit_grant(grant)
         helpers = self._helper_pool()
         hold = unit_grant().hold  # the pool counts the cores the helpers decode on
+        take = unit_grant().take if take_s is not None else None
 
-        def held(run: Callable[[], _T]) -> _T:
-            if hold is not None:
+        def held(run: Callable[[], _T], claimed: bool = False) -> _T:
+            if claimed and take is not None and take_s is not None:
+                take(take_s)  # holds the core as hold(1) does
+            elif hold is not None:
                 hold(1)
             try:
                 return run()
@@ -1328,7 +1435,7 @@ class KokoroSynthesizer:
                 if hold is not None:
                     hold(-1)
 
-        futures = [helpers.submit(held, functools.partial(one, w)) for w in gang[1:]]
+        futures = [helpers.submit(held, functools.partial(one, w), True) for w in gang[1:]]
         # a helper takes the prefetch after its window, if it is done first
         after = [] if prefetch is None else [helpers.submit(held, prefetch)]
         try:
@@ -1442,6 +1549,9 @@ class KokoroSynthesizer:
             # the first window (or gang, which then ends where the first window would)
             # runs in the unit of the prosody pass; a gang's cores run the prosody pass
             k = self._gang_size(pooled)
+            # a start beside others may share its first window by a gang, on the cores
+            # granted and those it claims from them (Rule 9)
+            width, claimed = self._start_gang(pooled) if unit.index == 0 and k == 1 else (1, 0)
             if k == 1:
                 self._narrow_if_wide_is_slower()
             prosody = backend.prosody(unit.tokens, style, speed, cancel)
@@ -1476,9 +1586,19 @@ class KokoroSynthesizer:
             last_unit = unit.index == len(units) - 1
             left = planner.remaining / FRAMES_PER_S if last_unit else math.inf
             speech.tell(left, self._ahead_s(state) if state.playback is not None else None)
+            lag: float | None = None  # Rule 9: when the claimed cores are expected free
+            if width > 1:
+                start = (planner, prosody, state, shape, speech)
+                lag = self._start_lag(pooled, width, claimed, *start)
+                k = 1 if lag is None else width
             skew = self._first_skew(planner, prosody, k, shape.context, speech)
-            first_at = self._plan_start(planner, prosody, state, emitted, shape, k, speech, skew)
+            first_at = self._plan_start(
+                planner, prosody, state, emitted, shape, k, speech, skew, lag=lag
+            )
             gang = self._first_gang(planner, first_at, k, skew)
+            if lag is not None and len(gang) < 2 and pooled.claim is not None:
+                pooled.claim(0)  # one window after all: the claimed core stays theirs
+                lag = None
             steps = 0  # gangs (or windows decoded alone) planned after the first
             while gang:
                 cancel.raise_if_cancelled()
@@ -1495,8 +1615,13 @@ class KokoroSynthesizer:
                 # (window, compute, when its decode ended)
                 done: list[tuple[Window, float, float]] = []
                 prefetch = self._frame_stage_prefetch(gang, prosody, style, cancel)
+                # the first gang's helpers wait for the cores its start claimed (Rule 9)
+                take_s = None
+                if lag is not None and claimed:
+                    take_s = max(TAKE_WAIT_MIN_S, TAKE_WAIT_FACTOR * lag)
+                lag = None
                 try:
-                    decoded = self._decode(gang, prosody, style, cancel, prefetch)
+                    decoded = self._decode(gang, prosody, style, cancel, prefetch, take_s)
                     first = next(decoded)
                 except UnitRecalled:
                     # nothing of the window was decoded: the worker goes to another call's
@@ -1558,12 +1683,15 @@ class KokoroSynthesizer:
                     self._count(prefetches=1, prefetch_s_per_frame=prefetch.ran_s / prefetch.frames)
                     # its time past the windows' end (it ran on a core they left idle)
                     gang_s = max(gang_s, prefetch.ended - t_g)
-                if many:
+                # a gang whose helpers waited for a claimed core (Rule 9): its wall time
+                # has the wait in it, so it paces nothing, and each window counts its own
+                waited = take_s is not None
+                if many and not waited:
                     longest = max(w.decoded_frames for w in gang) / FRAMES_PER_S
                     self._speed.update(1, longest, gang_s, crowded=True)
                 for w, compute, _ in done:
                     # (a window past the end is decoded alone after the gang: its own time)
-                    shared = many and w in gang
+                    shared = many and w in gang and not waited
                     spent = gang_s * w.decoded_frames / frames if shared else compute
                     self._count(
                         windows=1,
@@ -1639,7 +1767,7 @@ class KokoroSynthesizer:
             out = np.concatenate([out, joiner.finish()])
         return out
 
-    def _plan_start(
+    def _start_plan(
         self,
         planner: WindowPlanner,
         prosody: Prosody,
@@ -1649,20 +1777,18 @@ class KokoroSynthesizer:
         gang: int = 1,
         speech: _Speech | None = None,
         skew: int = 0,
-    ) -> int | None:
-        """Where the sentence's first window (or first ``gang``, its first part short of
-        an even share by ``skew`` frames) ends (``pacing.plan_first_end``): the default
-        short window when the measured speed keeps up, later on a slow CPU; for an
-        utterance alone, with the ``planner``'s ramp set to the smallest that starts it
-        sooner (``pacing.plan_ramp``, Rule 7: ``_unit_windows`` sets the shape's again
-        after ``START_RAMP_STEPS`` steps). The predicted gaps go to the playback
-        clock (the runtime logs them beside the real ones)."""
+        lag: float | None = None,
+    ) -> _StartPlan:
+        """The start ``_plan_start`` takes (``pacing.plan_ramp``), with no side effect."""
         cfg = self.config
         grant = unit_grant()
         pace = self._pace(grant, gang, speech)
         # the windows after the first: a gang when the machine's cores are this one's
         alone = UnitGrant(grant.cpus, grant.cpus, grant.others)
         later = pace if gang > 1 else self._pace(grant, self._gang_size(alone, retry=False), speech)
+        if lag is not None:  # a gang on a claimed core first, then this one's pace
+            later = pace
+            pace = self._claimed_pace(gang)
         ahead: float | None = self._ahead_s(state)
         if emitted == 0 and ahead is not None and ahead <= 0:
             ahead = None  # the listener waits for this sentence: its start is not a gap
@@ -1691,25 +1817,55 @@ class KokoroSynthesizer:
             skew=skew,
             freed=freed,
             freed_at=freed_at,
+            lag=lag or 0.0,
+            freed_after_first=lag is not None,
         )
-        planner.set_ramp(ramp)
+        return _StartPlan(end, ramp, forecast, pace, later, safety, freed_at, freed is not None)
+
+    def _plan_start(
+        self,
+        planner: WindowPlanner,
+        prosody: Prosody,
+        state: CallState,
+        emitted: int,
+        shape: WindowShape,
+        gang: int = 1,
+        speech: _Speech | None = None,
+        skew: int = 0,
+        *,
+        lag: float | None = None,
+    ) -> int | None:
+        """Where the sentence's first window (or first ``gang``, its first part short of
+        an even share by ``skew`` frames) ends (``pacing.plan_first_end``): the default
+        short window when the measured speed keeps up, later on a slow CPU; for an
+        utterance alone, with the ``planner``'s ramp set to the smallest that starts it
+        sooner (``pacing.plan_ramp``, Rule 7: ``_unit_windows`` sets the shape's again
+        after ``START_RAMP_STEPS`` steps). The predicted gaps go to the playback
+        clock (the runtime logs them beside the real ones). With ``lag``, the first gang
+        takes a core of other utterances' from ``lag`` s on (``pacing`` Rule 9)."""
+        plan = self._start_plan(planner, prosody, state, emitted, shape, gang, speech, skew, lag)
+        end, forecast = plan.end, plan.forecast
+        planner.set_ramp(plan.ramp)
         if state.playback is not None:
             state.playback.predict(forecast.gaps, forecast.gap_s)
         with self._stats_lock:
             self._counters["starts_delayed"] += 1 if end > planner.first_candidates()[0] else 0
             self._counters["gaps_predicted"] += forecast.gaps
+            self._counters["starts_claimed"] += 1 if lag is not None else 0
         log.debug(
             "window_plan",
             call_id=state.call_id,
             frames=prosody.n_frames,
             first_end=end,
-            rtf=round(pace.frame_s * FRAMES_PER_S, 3),
-            safety=round(safety, 2),
-            shared=pace.shared,
-            gang=later.gang,
+            rtf=round(plan.pace.frame_s * FRAMES_PER_S, 3),
+            safety=round(plan.safety, 2),
+            shared=plan.pace.shared,
+            gang=plan.later.gang,
+            first_gang=plan.pace.gang,
             skew=skew,
             ramp=planner.ramp,
-            freed_ms=round(freed_at * 1000) if freed is not None else None,
+            freed_ms=round(plan.freed_at * 1000) if plan.freed else None,
+            lag_ms=None if lag is None else round(lag * 1000),
             windows=forecast.windows,
             gaps=forecast.gaps,
             start_ms=round(forecast.start_s * 1000, 1),
