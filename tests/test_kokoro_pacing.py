@@ -594,9 +594,12 @@ def test_more_speech_left_or_less_queued_never_waives_the_share_rule(
         assert not horizon_keeps_up(left, [(INF, 0.0)] * n, cost, cpus)
 
 
-def _beside_another(freed: Pace | None = None, freed_at: float = INF) -> tuple[int, Forecast]:
+def _beside_another(
+    freed: Pace | None = None, freed_at: float = INF, **first: Any
+) -> tuple[int, Forecast]:
     """A 5 s sentence started beside another utterance on two cores: its windows at one
-    core's crowded speed (0.626 compute s per audio s), the gang's 0.6 a core."""
+    core's crowded speed (0.626 compute s per audio s), the gang's 0.6 a core; ``first``:
+    the first window's ``pace`` and Rule 9's arguments, where they differ."""
     lead = 6
     candidates = [*range(lead + 4, lead + 12), *range(lead + 12, lead + 36, 2)]
     candidates += list(range(lead + 36, 200, 4))
@@ -604,7 +607,7 @@ def _beside_another(freed: Pace | None = None, freed_at: float = INF) -> tuple[i
     return plan_first_end(
         200,
         candidates,
-        pace=one,
+        **{"pace": one, **first},
         later=one,
         context=2,
         min_frames=24,
@@ -674,27 +677,10 @@ def _claiming(lag: float | None) -> tuple[int, Forecast]:
     """``_beside_another`` (the other's speech decoded 1 s later, then a gang) with the
     first window a gang on a core claimed from the other, free ``lag`` s after the start
     (Rule 9; None: one window on one core)."""
+    gang = Pace.from_rtf(0.6, gang=2)
     if lag is None:
-        return _beside_another(Pace.from_rtf(0.6, gang=2), 1.0)
-    lead = 6
-    candidates = [*range(lead + 4, lead + 12), *range(lead + 12, lead + 36, 2)]
-    candidates += list(range(lead + 36, 200, 4))
-    return plan_first_end(
-        200,
-        candidates,
-        pace=Pace.from_rtf(0.6, gang=2),
-        later=Pace.from_rtf(0.626),
-        context=2,
-        min_frames=24,
-        max_frames=200,
-        lead_skip=4,
-        decode_from=lead,
-        ramp=12,
-        freed=Pace.from_rtf(0.6, gang=2),
-        freed_at=1.0,
-        lag=lag,
-        freed_after_first=True,
-    )
+        return _beside_another(gang, 1.0)
+    return _beside_another(gang, 1.0, pace=gang, lag=lag, freed_after_first=True)
 
 
 def test_a_start_that_claims_a_core_for_its_first_gang_starts_sooner() -> None:
