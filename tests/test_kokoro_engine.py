@@ -40,6 +40,7 @@ from engines.runtime.synth import (
     UnitGrant,
     VoiceNotFound,
     set_unit_grant,
+    unit_grant,
 )
 
 pytestmark = pytest.mark.slow
@@ -208,6 +209,13 @@ def _start_beside_another(
     holds: list[int] = []
     got: list[dict[str, Any]] = []
     plan = synth_module.plan_ramp
+    decode = kokoro_synth._backend.decode
+    threads: list[int] = []  # the unit's cores at each decode in its worker
+
+    def decoded(*args: Any, **kw: Any) -> Any:
+        if threading.current_thread() is worker:
+            threads.append(unit_grant().cores)
+        return decode(*args, **kw)
 
     def claim(cores: int) -> float:
         claims.append(cores)
@@ -222,6 +230,10 @@ def _start_beside_another(
         return plan(*args, **kw)
 
     monkeypatch.setattr(synth_module, "plan_ramp", recorded)
+    monkeypatch.setattr(kokoro_synth._backend, "decode", decoded)
+    # the unit keeps the cores it was granted whatever the wide session measured
+    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", lambda: None)
+    worker = threading.current_thread()
     # a CPU near real time on one core: one window on it must be long (Rule 8)
     monkeypatch.setattr(kokoro_synth, "config", replace(kokoro_synth.config, assume_rtf=0.9))
     other = kokoro_synth._speaking.open()
@@ -233,6 +245,7 @@ def _start_beside_another(
         set_unit_grant(grant)
         assert len(next(gen)) > 0
         assert len(next(gen)) > 0  # the gang's next window (its helper has ended)
+        assert threads and threads[0] == 1  # the first part on one core, its helper on another
     finally:
         set_unit_grant(None)
         gen.close()

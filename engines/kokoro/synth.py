@@ -1590,7 +1590,9 @@ class KokoroSynthesizer:
             if width > 1:
                 start = (planner, prosody, state, shape, speech)
                 lag = self._start_lag(pooled, width, claimed, *start)
-                k = 1 if lag is None else width
+                if lag is not None:
+                    k = width
+                    set_unit_grant(replace(unit_grant(), cores=1))  # each window on one core
             skew = self._first_skew(planner, prosody, k, shape.context, speech)
             first_at = self._plan_start(
                 planner, prosody, state, emitted, shape, k, speech, skew, lag=lag
