@@ -1594,9 +1594,8 @@ class KokoroSynthesizer:
                     k = width
                     set_unit_grant(replace(unit_grant(), cores=1))  # each window on one core
             skew = self._first_skew(planner, prosody, k, shape.context, speech)
-            first_at = self._plan_start(
-                planner, prosody, state, emitted, shape, k, speech, skew, lag=lag
-            )
+            plan = self._start_plan(planner, prosody, state, emitted, shape, k, speech, skew, lag)
+            first_at = self._plan_start(plan, planner, prosody, state, skew, lag)
             gang = self._first_gang(planner, first_at, k, skew)
             if lag is not None and len(gang) < 2 and pooled.claim is not None:
                 pooled.claim(0)  # one window after all: the claimed core stays theirs
@@ -1826,15 +1825,11 @@ class KokoroSynthesizer:
 
     def _plan_start(
         self,
+        plan: _StartPlan,
         planner: WindowPlanner,
         prosody: Prosody,
         state: CallState,
-        emitted: int,
-        shape: WindowShape,
-        gang: int = 1,
-        speech: _Speech | None = None,
         skew: int = 0,
-        *,
         lag: float | None = None,
     ) -> int | None:
         """Where the sentence's first window (or first ``gang``, its first part short of
@@ -1843,9 +1838,9 @@ class KokoroSynthesizer:
         utterance alone, with the ``planner``'s ramp set to the smallest that starts it
         sooner (``pacing.plan_ramp``, Rule 7: ``_unit_windows`` sets the shape's again
         after ``START_RAMP_STEPS`` steps). The predicted gaps go to the playback
-        clock (the runtime logs them beside the real ones). With ``lag``, the first gang
-        takes a core of other utterances' from ``lag`` s on (``pacing`` Rule 9)."""
-        plan = self._start_plan(planner, prosody, state, emitted, shape, gang, speech, skew, lag)
+        clock (the runtime logs them beside the real ones). ``plan``: ``_start_plan``'s,
+        with the first gang's ``skew`` and, for a gang on a claimed core, its ``lag``
+        (``pacing`` Rule 9)."""
         end, forecast = plan.end, plan.forecast
         planner.set_ramp(plan.ramp)
         if state.playback is not None:
