@@ -11,9 +11,11 @@ the tests do not depend on how the engine sizes its windows.
 
 - The output at a join (README "Kokoro pipeline", Seams): the step between
   samples at the cut stays within the 99th percentile of the steps inside the
-  windows, and the crossfade is never steeper than either window's own rendering
-  of that span; and it is a crossfade: in the middle of the fade the output lies
-  between the two renderings, neither one alone.
+  windows, or within the two windows' own steps there where the speech itself
+  is that steep (a cut lands on such a sample about once in a hundred); the
+  crossfade is never steeper than either window's own rendering of that span;
+  and it is a crossfade: in the middle of the fade the output lies between the
+  two renderings, neither one alone.
 - The context: consecutive windows overlap by twice the configured context,
   except where the sentence's start or end leaves less room.
 """
@@ -47,6 +49,9 @@ SEAM_TEXT = (
 FIRST_WINDOW = (6, 10)
 MIN_WINDOW = 16
 MAX_WINDOW = 28
+#: The decode speed the windows are planned for, pinned so that the cuts land on the
+#: same frames on every machine (13 joins, three of them where the speech is steep).
+PLANNED_RTF = 0.5
 HALF = CROSSFADE_SAMPLES // 2  # the fade is centred on the cut
 
 
@@ -104,6 +109,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KokoroSynthesiz
             min_window=MIN_WINDOW,
             max_window=MAX_WINDOW,
             window_context=CONTEXT_FRAMES,
+            assume_rtf=PLANNED_RTF,
         ),
         backend=RecordingBackend(models / "kokoro" / KOKORO_INT8_NAME),
     )
@@ -214,8 +220,9 @@ def offset_of(y: FloatArray, run: Run, cuts: list[int]) -> int:
 
 def test_the_engine_output_at_every_join_is_seamless(run: Run) -> None:
     """At every join the output's sample step stays within the 99th percentile of the
-    steps inside the windows, the crossfade is never steeper than either window's own
-    rendering of that span, and it blends the two renderings."""
+    steps inside the windows (or within the windows' own steps there), the crossfade
+    is never steeper than either window's own rendering of that span, and it blends
+    the two renderings."""
     check_seamless(run)
 
 
@@ -243,10 +250,14 @@ def check_seamless(run: Run) -> None:
         cut = j * FRAME_SAMPLES
         at = cut - off
         step = abs(float(y[at] - y[at - 1]))
-        assert step <= p99, f"join {k} at frame {j}: step {step:.4f} > p99 {p99:.4f}"
         region = y[at - HALF : at + HALF]
         own_a = rendering(k, cut - HALF, cut + HALF)
         own_b = rendering(k + 1, cut - HALF, cut + HALF)
+        # where the speech itself is steeper than p99 at the cut, so are the renderings
+        steep = max(abs(float(np.diff(own[HALF - 1 : HALF + 1])[0])) for own in (own_a, own_b))
+        assert step <= max(p99, steep * 1.05), (
+            f"join {k} at frame {j}: step {step:.4f} > p99 {p99:.4f}, own {steep:.4f}"
+        )
         slope = float(np.abs(np.diff(region)).max())
         own = max(float(np.abs(np.diff(own_a)).max()), float(np.abs(np.diff(own_b)).max()))
         assert slope <= own * 1.05 + 1e-4, f"join {k} at frame {j}: {slope:.4f} > {own:.4f}"
