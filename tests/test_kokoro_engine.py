@@ -171,13 +171,13 @@ def test_the_start_plan_beside_another_utterance_is_told_when_the_cores_come_bac
     """The start planner gets Rule 8's pace and time for a sentence begun beside another
     utterance in progress that has told the speech it has left."""
     got: list[dict[str, Any]] = []
-    plan = synth_module.plan_ramp
+    plan = synth_module.plan_first_gang
 
     def recorded(*args: Any, **kw: Any) -> Any:
         got.append(kw)
         return plan(*args, **kw)
 
-    monkeypatch.setattr(synth_module, "plan_ramp", recorded)
+    monkeypatch.setattr(synth_module, "plan_first_gang", recorded)
     other = kokoro_synth._speaking.open()
     other.tell(2.0, 1.0)
     kokoro_synth._cache.clear()
@@ -208,7 +208,7 @@ def _start_beside_another(
     takes: list[float] = []
     holds: list[int] = []
     got: list[dict[str, Any]] = []
-    plan = synth_module.plan_ramp
+    plan = synth_module.plan_first_gang
     decode = kokoro_synth._backend.decode
     threads: list[int] = []  # the unit's cores at each decode in its worker
 
@@ -229,7 +229,7 @@ def _start_beside_another(
         got.append(kw)
         return plan(*args, **kw)
 
-    monkeypatch.setattr(synth_module, "plan_ramp", recorded)
+    monkeypatch.setattr(synth_module, "plan_first_gang", recorded)
     monkeypatch.setattr(kokoro_synth._backend, "decode", decoded)
     # the unit keeps the cores it was granted whatever the wide session measured
     monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", lambda: None)
@@ -293,6 +293,48 @@ def test_a_start_that_may_not_wait_for_the_claimed_core_decodes_one_window(
     assert takes == [] and holds == []
     assert got[-1]["lag"] == 0.0 and not got[-1]["freed_after_first"]
     assert got[-1]["pace"].gang == 1
+
+
+#: a short sentence (about 1.4 s of speech after its leading pad): on a CPU near real
+#: time with the default skew its first gang would take it whole (``pacing`` Rule 10)
+SHORT_SENTENCE = "Hallo, wie geht es?"
+
+
+def test_a_short_sentences_first_gang_splits_as_its_plan_says(
+    kokoro_synth: KokoroSynthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pacing`` Rule 10 in the engine: alone on two cores at a pinned 0.833 compute s
+    per audio s, with the frame stage's run after the first part costing 8 frames (the
+    default skew), the planner takes a split closer to even for a short sentence, and
+    the engine's first gang is split with the skew the plan chose."""
+    planned: list[int] = []
+    split: list[int] = []
+    plan, first_gang = synth_module.plan_first_gang, kokoro_synth._first_gang
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        out = plan(*args, **kw)
+        planned.append(out[2])
+        return out
+
+    def spied(planner: Any, first_at: Any, gang: int, skew: int = 0) -> Any:
+        split.append(skew)
+        return first_gang(planner, first_at, gang, skew)
+
+    monkeypatch.setattr(synth_module, "plan_first_gang", recorded)
+    monkeypatch.setattr(kokoro_synth, "_first_gang", spied)
+    monkeypatch.setattr(kokoro_synth, "_prefetch_frames", lambda pace, frames: 8)
+    config = replace(kokoro_synth.config, assume_rtf=0.833, parallel_windows=2)
+    monkeypatch.setattr(kokoro_synth, "config", config)
+    monkeypatch.setattr(kokoro_synth, "_narrow_if_wide_is_slower", lambda: None)
+    kokoro_synth._cache.clear()
+    set_unit_grant(UnitGrant(cores=2, cpus=2, others=0))
+    try:
+        audio = list(kokoro_synth.synthesize(SHORT_SENTENCE, CallState(call_id=33), CancelToken()))
+    finally:
+        set_unit_grant(None)
+    assert sum(len(a) for a in audio) > 0
+    assert len(planned) == 1 and planned[0] < 8, planned
+    assert split == planned
 
 
 class RunWatch(CancelToken):

@@ -27,6 +27,7 @@ from engines.kokoro.pacing import (
     horizon_keeps_up,
     next_window_frames,
     plan_first_end,
+    plan_first_gang,
     plan_ramp,
     ramp_choices,
     simulate,
@@ -524,6 +525,94 @@ def test_the_first_part_of_a_gang_must_be_heard_until_the_others_are_ready() -> 
     # audio already queued ahead covers the whole first gang
     queued = simulate(300, 31, pace=Pace.from_rtf(3.0, gang=2), ahead_s=5.0, **kw)  # type: ignore[arg-type]
     assert queued.gaps == 0
+
+
+def test_the_first_parts_thread_busy_after_it_delays_the_gang_not_the_first_audio() -> None:
+    """Rule 10: the frame stage's run after the first part (``head_busy``) keeps the gang
+    from being done until it ends, but the first audio still leaves with the first part;
+    where the first window ends the sentence there is no such run."""
+    pace = Pace.from_rtf(1.0, gang=2)
+    kw = {**GANG_START, "pace": pace, "later": pace, "ramp": 12}
+    free = simulate(224, 40, **kw)  # type: ignore[arg-type]
+    busy = simulate(224, 40, head_busy=0.5, **kw)  # type: ignore[arg-type]
+    assert busy.start_s == free.start_s
+    assert busy.ready_s == pytest.approx(free.start_s + 0.5)
+    assert busy.ready_s > free.ready_s
+    whole = simulate(60, 60, head_busy=0.5, **kw)  # type: ignore[arg-type]
+    assert whole == simulate(60, 60, **kw)  # type: ignore[arg-type]
+
+
+#: a short sentence starting as the engine's do (decoding from frame 9, 13 frames of the
+#: leading pad not heard) whose first gang's thread runs the frame stage for 8 frames'
+#: time after its first part (the default skew)
+SHORT_START = {
+    "context": 2,
+    "min_frames": 24,
+    "max_frames": MAX,
+    "lead_skip": 13,
+    "decode_from": 9,
+}
+
+
+def _short(n: int, skews: tuple[int, ...], rtf: float = 0.833) -> tuple[int, int, Forecast]:
+    pace = Pace.from_rtf(rtf, gang=2)
+    kw = {**SHORT_START, "pace": pace, "later": pace, "head_busy": pace.decode_s(8)}
+    end, _, skew, fc = plan_first_gang(n, list(range(17, n)), ramp_choices(12), skews, **kw)
+    return end, skew, fc
+
+
+def test_a_first_gang_that_would_take_a_short_sentence_whole_splits_closer_to_even() -> None:
+    """Rule 10: with the default skew no first window of a 64-frame sentence plays
+    through but the whole sentence as one gang (its first part, 8 frames short of half,
+    is heard too briefly); half the skew starts 0.25 s sooner, still with no gap."""
+    whole_end, whole_skew, whole = _short(64, (8,))
+    assert whole_end == 64 and whole_skew == 8 and whole.gaps == 0
+    end, skew, fc = _short(64, (8, 4, 0))
+    assert end < 64 and skew in (4, 0)
+    assert fc.gaps == 0 and fc.start_s <= whole.start_s - 0.25
+
+
+def test_a_start_within_the_sentence_keeps_its_skew_and_plans_once_per_ramp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import engines.kokoro.pacing as pacing
+
+    skews: list[int] = []
+    real = pacing.plan_ramp
+
+    def counted(*args: Any, **kw: Any) -> tuple[int, int | None, Forecast]:
+        skews.append(kw["skew"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pacing, "plan_ramp", counted)
+    end, skew, _ = _short(200, (8, 4, 0))
+    assert end < 200 and skew == 8
+    assert skews == [8]  # the default skew's start is within the sentence: no other tried
+    with pytest.raises(ValueError):
+        plan_first_gang(200, list(range(17, 200)), ramp_choices(12), (), **SHORT_START)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(30, 300),
+    rtf=st.floats(0.1, 2.0),
+    skew=st.integers(0, 12),
+    ahead=st.one_of(st.none(), st.floats(0.0, 3.0)),
+)
+def test_another_skew_is_taken_only_where_it_starts_sooner_with_no_more_gaps(
+    n: int, rtf: float, skew: int, ahead: float | None
+) -> None:
+    pace = Pace.from_rtf(rtf, gang=2)
+    kw = {**SHORT_START, "pace": pace, "later": pace, "ahead_s": ahead}
+    kw["head_busy"] = pace.decode_s(skew)
+    cands = list(range(17, n))
+    end, ramp, chosen, fc = plan_first_gang(n, cands, ramp_choices(12), (skew, skew // 2, 0), **kw)
+    d_end, d_ramp, default = plan_ramp(n, cands, ramp_choices(12), skew=skew, **kw)
+    if chosen == skew:
+        assert (end, ramp, fc) == (d_end, d_ramp, default)
+    else:
+        assert d_end >= n  # only where the default took the whole sentence
+        assert fc.gaps <= default.gaps and fc.start_s < default.start_s
 
 
 def test_the_share_rule_is_waived_while_the_others_end_before_this_utterance() -> None:

@@ -66,6 +66,16 @@ a core is expected free (``lag``), and the others' speech left is decoded from t
 of its first part on (``freed_after_first``); the windows after the first are paced as
 any start's beside others (one core, Rules 6 and 8).
 
+Rule 10: a first gang's split follows its plan. Its first part is short of an even
+share by the frame stage's run for the windows after it (``skew``, Rule 3), which its
+thread runs once that part is decoded, so that the gang's threads end together
+(``simulate``: that run is ``head_busy`` on the first part's thread). But a short first
+part plays out soon, and where the simulation then finds no start but the whole
+sentence as one gang (about 1.5-2 s of speech on a CPU near real time: first audio
+planned at 550-930 ms where a split closer to even starts at 400-600), the planner
+tries that split with less skew (half, none) and takes the soonest start
+(``plan_first_gang``).
+
 Why plan the start. On a fast CPU the first window can be short (about 0.3-0.55 s
 of speech) and each later window grows with the audio queued ahead. On a slow
 CPU (decode speed near or above real time once the context frames are counted)
@@ -305,6 +315,7 @@ def simulate(
     freed_at: float = math.inf,
     lag: float = 0.0,
     freed_after_first: bool = False,
+    head_busy: float = 0.0,
 ) -> Forecast:
     """Simulate the engine's window rule over a sentence of ``n_frames``.
 
@@ -321,7 +332,10 @@ def simulate(
     that begin from ``freed_at`` s on (Rule 8: the cores the others held come back;
     with ``freed_after_first``, s from the end of the first part's decode: Rule 9);
     ``lag``: s after the first window's start at which a gang's parts after its first
-    begin (Rule 9: the core they take comes free then).
+    begin (Rule 9: the core they take comes free then); ``head_busy``: compute s the
+    first part's thread works after it before the gang is done (Rule 10: the frame
+    stage's run for the windows after it; none where the first window ends the
+    sentence).
     """
     step = pace if later is None else later
     first_end = max(1, min(first_end, n_frames))
@@ -340,7 +354,8 @@ def simulate(
         decoded = sum(each)
         head = parts[0]
         t = pace.decode_s(each[0])
-        t_all = max(t, lag + pace.decode_s(max(each[1:]))) if len(each) > 1 else t
+        busy = head_busy if first_end < n_frames else 0.0
+        t_all = max(t + busy, lag + pace.decode_s(max(each[1:]))) if len(each) > 1 else t
     gaps, gap_s = 0, 0.0
     if ahead_s is None:
         play_end = t  # the listener starts with the first window
@@ -427,6 +442,7 @@ def plan_first_end(
     freed_at: float = math.inf,
     lag: float = 0.0,
     freed_after_first: bool = False,
+    head_busy: float = 0.0,
 ) -> tuple[int, Forecast]:
     """The earliest first-window end among ``candidates`` (ascending frame positions)
     for which the simulation, at ``safety`` times the measured speed (``SAFETY``, or
@@ -438,8 +454,8 @@ def plan_first_end(
     choice come with it. ``later``: the speed of the windows after the first,
     ``skew`` the share of a gang's first window, ``start_ramp`` the smallest window
     of the steps right after it, ``freed`` the speed from ``freed_at`` on, ``lag`` and
-    ``freed_after_first`` (Rule 9) as in ``simulate`` (``freed_at`` and ``lag`` too are
-    stretched by ``safety``)."""
+    ``freed_after_first`` (Rule 9) and ``head_busy`` (Rule 10) as in ``simulate``
+    (``freed_at``, ``lag`` and ``head_busy`` too are stretched by ``safety``)."""
 
     def slower(p: Pace) -> Pace:
         return Pace(p.frame_s * safety, p.shared, p.gang)
@@ -467,6 +483,7 @@ def plan_first_end(
             freed_at=freed_at * safety,
             lag=lag * safety,
             freed_after_first=freed_after_first,
+            head_busy=head_busy * safety,
         )
 
     limit = n_frames if longest is None else min(n_frames, longest)
@@ -515,4 +532,30 @@ def plan_ramp(
         end, forecast = plan_first_end(n_frames, candidates, ramp=ramps[0], start_ramp=ramp, **plan)
         if forecast.gaps <= best[2].gaps and forecast.start_s < best[2].start_s:
             best = (end, ramp, forecast)
+    return best
+
+
+def plan_first_gang(
+    n_frames: int,
+    candidates: Sequence[int],
+    ramps: Sequence[int | None],
+    skews: Sequence[int],
+    **plan: Any,
+) -> tuple[int, int | None, int, Forecast]:
+    """Rule 10: ``plan_ramp`` (given the rest of its arguments in ``plan``) with a first
+    gang's ``skews[0]`` and, where that plan's first window takes the whole sentence (up
+    to ``longest``), with each of the others too, the one whose first audio comes
+    soonest with no more gaps: ``(first window's end, ramp, skew, forecast)``."""
+    if not skews:
+        raise ValueError("no skew to plan with")
+    end, ramp, forecast = plan_ramp(n_frames, candidates, ramps, skew=skews[0], **plan)
+    best = (end, ramp, skews[0], forecast)
+    longest = plan.get("longest")
+    limit = n_frames if longest is None else min(n_frames, longest)
+    if end < limit:
+        return best
+    for skew in skews[1:]:
+        end, ramp, forecast = plan_ramp(n_frames, candidates, ramps, skew=skew, **plan)
+        if forecast.gaps <= best[3].gaps and forecast.start_s < best[3].start_s:
+            best = (end, ramp, skew, forecast)
     return best

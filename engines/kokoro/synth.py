@@ -136,7 +136,7 @@ from engines.kokoro.pacing import (
     frame_stage_s,
     horizon_keeps_up,
     next_window_frames,
-    plan_ramp,
+    plan_first_gang,
     ramp_choices,
 )
 from engines.kokoro.phrasing import MAX_CONTEXT_TOKENS, Phrase, sentence_units
@@ -509,6 +509,7 @@ class _StartPlan(NamedTuple):
     safety: float
     freed_at: float
     freed: bool  # Rule 8 applies
+    skew: int  # frames the first gang's first part is short of an even share (Rule 10)
 
 
 def _speaks_to_end(audio: FloatArray, end: int) -> bool:
@@ -1232,7 +1233,7 @@ class KokoroSynthesizer:
                 gang_ms=round(gang.start_s * 1000, 1),
                 gang_gaps=gang.gaps,
                 ready_ms=round(gang.ready_s * 1000, 1),
-                skew=skew,
+                skew=gang_plan.skew,
             )
             queued = [q for _, q in self._speaking.others(speech, grant.others)]
             spare = min(queued, default=math.inf) >= gang.ready_s + CLAIM_SPARE_S
@@ -1595,8 +1596,8 @@ class KokoroSynthesizer:
                     set_unit_grant(replace(unit_grant(), cores=1))  # each window on one core
             skew = self._first_skew(planner, prosody, k, shape.context, speech)
             plan = self._start_plan(planner, prosody, state, emitted, shape, k, speech, skew, lag)
-            first_at = self._plan_start(plan, planner, prosody, state, skew, lag)
-            gang = self._first_gang(planner, first_at, k, skew)
+            first_at = self._plan_start(plan, planner, prosody, state, lag)
+            gang = self._first_gang(planner, first_at, k, plan.skew)
             if lag is not None and len(gang) < 2 and pooled.claim is not None:
                 pooled.claim(0)  # one window after all: the claimed core stays theirs
                 lag = None
@@ -1780,7 +1781,8 @@ class KokoroSynthesizer:
         skew: int = 0,
         lag: float | None = None,
     ) -> _StartPlan:
-        """The start ``_plan_start`` takes (``pacing.plan_ramp``), with no side effect."""
+        """The start ``_plan_start`` takes (``pacing.plan_first_gang``: a first gang's
+        ``skew``, or less of it where that starts sooner, Rule 10), with no side effect."""
         cfg = self.config
         grant = unit_grant()
         pace = self._pace(grant, gang, speech)
@@ -1801,10 +1803,13 @@ class KokoroSynthesizer:
         # an utterance alone may ramp with smaller windows (``pacing`` Rule 7)
         ramps = ramp_choices(planner.ramp) if grant.others == 0 else (planner.ramp,)
         freed, freed_at = self._cores_back(grant, speech)
-        end, ramp, forecast = plan_ramp(
+        # the frame stage's run after the first part (``_first_skew``), on its thread
+        skews = (skew, skew // 2, 0) if skew > 0 else (0,)
+        end, ramp, skew, forecast = plan_first_gang(
             planner.n,
             planner.first_candidates(),
             ramps,
+            skews,
             pace=pace,
             context=shape.context,
             min_frames=shape.min_frames,
@@ -1815,13 +1820,14 @@ class KokoroSynthesizer:
             decode_from=planner.pos,
             later=later,
             safety=safety,
-            skew=skew,
             freed=freed,
             freed_at=freed_at,
             lag=lag or 0.0,
             freed_after_first=lag is not None,
+            head_busy=pace.decode_s(skews[0]),
         )
-        return _StartPlan(end, ramp, forecast, pace, later, safety, freed_at, freed is not None)
+        freed_ok = freed is not None
+        return _StartPlan(end, ramp, forecast, pace, later, safety, freed_at, freed_ok, skew)
 
     def _plan_start(
         self,
@@ -1829,18 +1835,16 @@ class KokoroSynthesizer:
         planner: WindowPlanner,
         prosody: Prosody,
         state: CallState,
-        skew: int = 0,
         lag: float | None = None,
     ) -> int | None:
-        """Where the sentence's first window (or first ``gang``, its first part short of
-        an even share by ``skew`` frames) ends (``pacing.plan_first_end``): the default
+        """Where the sentence's first window (or first gang, its first part short of an
+        even share by the plan's ``skew`` frames) ends (``pacing.plan_first_end``): the default
         short window when the measured speed keeps up, later on a slow CPU; for an
         utterance alone, with the ``planner``'s ramp set to the smallest that starts it
         sooner (``pacing.plan_ramp``, Rule 7: ``_unit_windows`` sets the shape's again
         after ``START_RAMP_STEPS`` steps). The predicted gaps go to the playback
-        clock (the runtime logs them beside the real ones). ``plan``: ``_start_plan``'s,
-        with the first gang's ``skew`` and, for a gang on a claimed core, its ``lag``
-        (``pacing`` Rule 9)."""
+        clock (the runtime logs them beside the real ones). ``plan``: ``_start_plan``'s;
+        ``lag``: for a gang on a claimed core (``pacing`` Rule 9)."""
         end, forecast = plan.end, plan.forecast
         planner.set_ramp(plan.ramp)
         if state.playback is not None:
@@ -1859,7 +1863,7 @@ class KokoroSynthesizer:
             shared=plan.pace.shared,
             gang=plan.later.gang,
             first_gang=plan.pace.gang,
-            skew=skew,
+            skew=plan.skew,
             ramp=planner.ramp,
             freed_ms=round(plan.freed_at * 1000) if plan.freed else None,
             lag_ms=None if lag is None else round(lag * 1000),
