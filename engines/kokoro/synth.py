@@ -1804,7 +1804,7 @@ class KokoroSynthesizer:
         ramps = ramp_choices(planner.ramp) if grant.others == 0 else (planner.ramp,)
         freed, freed_at = self._cores_back(grant, speech)
         # the frame stage's run after the first part (``_first_skew``), on its thread
-        skews = (skew, skew // 2, 0) if skew > 0 else (0,)
+        skews = tuple(dict.fromkeys((skew, skew // 2, 0)))  # the default first
         end, ramp, skew, forecast = plan_first_gang(
             planner.n,
             planner.first_candidates(),
